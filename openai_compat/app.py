@@ -1,0 +1,95 @@
+"""create_app(settings, registry=None): the FastAPI app, its routers, and engine start/stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from openai_compat import __version__
+from openai_compat.errors import install_error_handlers
+from openai_compat.lifecycle import Lifecycle
+from openai_compat.protocol import REQUEST_MODELS
+from openai_compat.registry import EngineFailure, Registry, load_models, stop_engines
+from openai_compat.routes import embeddings, health, models
+from openai_compat.settings import Settings
+
+logger = logging.getLogger("openai_compat")
+
+
+async def _load(registry: Registry, lifecycle: Lifecycle) -> None:
+    try:
+        await load_models(registry)
+    except EngineFailure as exc:
+        lifecycle.fail(str(exc))
+    except Exception as exc:  # the loader must never die silently
+        logger.exception("model loading crashed")
+        lifecycle.fail(f"model loading crashed: {type(exc).__name__}: {exc}")
+    else:
+        lifecycle.ready()
+
+
+def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
+    """The app. Models load in the background after start-up, so probes answer meanwhile.
+
+    A `registry` that is already complete (tests, embedding in another app) is served as is.
+    """
+    registry = registry if registry is not None else Registry(settings.served_models())
+    lifecycle = Lifecycle()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader = None
+        if registry.complete:
+            lifecycle.ready()
+        else:
+            loader = asyncio.create_task(_load(registry, lifecycle), name="load-models")
+        try:
+            yield
+        finally:
+            lifecycle.drain()
+            if loader is not None and not loader.done():
+                loader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loader
+            await stop_engines(registry)
+
+    app = FastAPI(
+        title="openai-compat",
+        version=__version__,
+        summary="OpenAI- and Cohere-compatible embeddings, rerank and classify server.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.registry = registry
+    app.state.lifecycle = lifecycle
+    install_error_handlers(app)
+
+    app.openapi = lambda: custom_openapi(app)  # type: ignore[method-assign]
+    app.include_router(health.router)
+    for router in (models.router, embeddings.router):
+        app.include_router(router, prefix="/v1")
+        # The same routes without /v1, for clients configured with a bare base URL.
+        app.include_router(router, include_in_schema=False)
+    return app
+
+
+def custom_openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema plus the request models that routes parse themselves (json_body)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title, version=app.version, summary=app.summary, routes=app.routes
+    )
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in REQUEST_MODELS:
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(body.pop("$defs", {}))
+        components[model.__name__] = body
+    app.openapi_schema = schema
+    return schema

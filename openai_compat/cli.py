@@ -1,0 +1,114 @@
+"""Command line -> Settings -> uvicorn. Flags are generated from the Settings model."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from openai_compat import __version__
+from openai_compat.settings import (
+    ConfigError,
+    Settings,
+    build_settings,
+    cli_fields,
+    env_name,
+)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="openai-compat",
+        description="OpenAI- and Cohere-compatible server for embedding, rerank and "
+        "classify models on infinity-emb.",
+    )
+    parser.add_argument("--version", action="version", version=f"openai-compat {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="Run the HTTP server.",
+        description="Run the HTTP server. Every option can also be set by the environment "
+        "variable shown, or in the --config TOML file; the command line wins.",
+    )
+    for name, field in cli_fields().items():
+        annotation = field.annotation
+        help_text = f"{field.description} [env: {env_name(name)}; default: {field.default!r}]"
+        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
+        origin = typing.get_origin(annotation)
+        if origin is tuple:
+            kwargs["action"] = "append"
+            kwargs["metavar"] = name.upper()
+        elif annotation is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["metavar"] = name.upper()
+        serve.add_argument(_flag(name), **kwargs)
+    return parser
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("openai_compat").setLevel(level.upper())
+
+
+def serve(settings: Settings) -> int:
+    """Run until stopped; 1 if a model failed to load."""
+    import uvicorn
+
+    from openai_compat.app import create_app
+
+    configure_logging(settings.log_level)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.graceful_timeout) or None,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    fatal: list[str] = []
+
+    def on_fatal(error: str) -> None:
+        fatal.append(error)
+        server.should_exit = True
+
+    app.state.lifecycle.on_fatal = on_fatal
+    server.run()
+    if fatal:
+        print(f"openai-compat: {fatal[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    values = {k: v for k, v in vars(args).items() if k != "command"}
+    for name, value in list(values.items()):
+        if isinstance(value, list):
+            values[name] = tuple(value)
+    try:
+        settings = build_settings(values)
+        settings.served_models()
+    except ConfigError as exc:
+        print(f"openai-compat: configuration error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    # infinity-emb reports anonymous usage unless told not to; we only report if the user
+    # explicitly turned it on.
+    os.environ.setdefault("INFINITY_ANONYMOUS_USAGE_STATS", "0")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    sys.exit(serve(settings))

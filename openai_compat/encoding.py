@@ -1,0 +1,96 @@
+"""Vectors -> response bytes: float lists or base64 (little-endian float32), and `dimensions`.
+
+Everything here is vectorised: no per-float Python work. Float vectors go to orjson as float32
+numpy arrays (shortest round-trip repr, serialised in C); base64 is one `tobytes` per matrix.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+from starlette.responses import Response
+
+EncodingFormat = Literal["float", "base64"]
+
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+def as_matrix(vectors: Sequence[Any]) -> np.ndarray:
+    """One C-contiguous little-endian float32 matrix from the engine's list of 1-D arrays."""
+    return np.ascontiguousarray(np.stack(vectors), dtype="<f4")
+
+
+def truncate_dimensions(matrix: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """Keep the first `dimensions` values of each row and L2-normalise them again."""
+    if dimensions is None or dimensions >= matrix.shape[-1]:
+        return matrix
+    cut = matrix[..., :dimensions]
+    norms = np.linalg.norm(cut, axis=-1, keepdims=True)
+    np.maximum(norms, np.finfo(np.float32).tiny, out=norms)
+    return np.ascontiguousarray(cut / norms, dtype="<f4")
+
+
+def encode_rows(matrix: np.ndarray, fmt: EncodingFormat) -> list[Any]:
+    """Each row as orjson-ready float32 array, or as base64 of its little-endian float32 bytes."""
+    if fmt == "float":
+        return list(matrix)
+    raw = matrix.tobytes()
+    step = matrix.shape[-1] * 4
+    b64 = base64.b64encode
+    return [b64(raw[i : i + step]).decode("ascii") for i in range(0, len(raw), step)]
+
+
+def encode_multivector(item: np.ndarray, fmt: EncodingFormat) -> Any:
+    """A (vectors x dimensions) item: a list of float rows, or all rows' bytes in one base64."""
+    item = np.ascontiguousarray(item, dtype="<f4")
+    if fmt == "float":
+        return list(item)
+    return base64.b64encode(item.tobytes()).decode("ascii")
+
+
+def embedding_payload(
+    vectors: Sequence[Any],
+    *,
+    fmt: EncodingFormat,
+    dimensions: int | None,
+    model: str,
+    prompt_tokens: int,
+) -> bytes:
+    """The OpenAI embeddings response body, as bytes."""
+    first = np.asarray(vectors[0]) if len(vectors) else np.zeros(0)
+    if first.ndim == 2 or any(np.ndim(v) != first.ndim for v in vectors):
+        data = []
+        for i, v in enumerate(vectors):
+            item = truncate_dimensions(np.atleast_2d(np.asarray(v, dtype="<f4")), dimensions)
+            data.append(
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": encode_multivector(item, fmt),
+                    "shape": list(item.shape),
+                }
+            )
+    else:
+        rows = encode_rows(truncate_dimensions(as_matrix(vectors), dimensions), fmt)
+        data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
+    body = {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+    return orjson.dumps(body, option=_NUMPY)
+
+
+def decode_base64_embedding(value: str) -> np.ndarray:
+    """Inverse of the base64 encoding (what the openai SDK does); used by tests and tools."""
+    return np.frombuffer(base64.b64decode(value), dtype="<f4")
+
+
+def orjson_response(body: Any, status: int = 200) -> Response:
+    """A JSON response serialised by orjson (numpy arrays included)."""
+    return Response(orjson.dumps(body, option=_NUMPY), status_code=status, media_type="application/json")

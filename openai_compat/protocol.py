@@ -1,0 +1,125 @@
+"""Wire types: requests, responses and errors. Imports nothing from infinity_emb.
+
+Responses are documented here for the OpenAPI schema; the hot paths serialise plain dicts and
+numpy arrays with orjson instead of validating large float arrays through pydantic.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+# ---------------------------------------------------------------- errors
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
+    status: {"model": ErrorResponse, "description": text}
+    for status, text in (
+        (400, "Invalid request"),
+        (401, "Missing or wrong API key"),
+        (404, "Unknown model"),
+        (413, "Request body too large"),
+        (429, "Too much queued work; retry after the Retry-After header"),
+        (503, "Not ready or shutting down"),
+    )
+}
+
+# ---------------------------------------------------------------- models
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    root: str = Field(description="The served name this id resolves to (itself for a name).")
+    capabilities: list[str] = Field(description="embed, rerank, classify, image, audio")
+    dimensions: int | None = Field(None, description="Embedding size, for models that embed.")
+    max_input_tokens: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# ---------------------------------------------------------------- embeddings
+
+TokenIds = list[StrictInt]
+EmbeddingInput = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+
+
+class EmbeddingRequest(BaseModel):
+    """OpenAI's embeddings request, plus `modality` for image and audio models."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr
+    input: EmbeddingInput = Field(
+        description="A string, an array of strings, an array of token ids, or an array of "
+        "arrays of token ids (OpenAI cl100k_base ids unless the model says otherwise)."
+    )
+    encoding_format: Literal["float", "base64"] | None = Field(
+        None, description="'float' (default) or 'base64' (little-endian float32 bytes)."
+    )
+    dimensions: StrictInt | None = Field(
+        None, description="Cut each vector to its first N values and L2-normalise again."
+    )
+    user: StrictStr | None = None
+    modality: Literal["text", "image", "audio"] | None = Field(
+        None,
+        description="Extension: 'image' or 'audio' reads each input as an http(s) URL or a "
+        "data: URI (send through the openai SDK's extra_body).",
+    )
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: Union[list[float], str, list[list[float]]] = Field(
+        description="float: a list of floats (a list of vectors for multi-vector models); "
+        "base64: little-endian float32 bytes, rows concatenated for multi-vector models."
+    )
+    shape: list[int] | None = Field(
+        None, description="Only for multi-vector models: [vectors, dimensions]."
+    )
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+# ---------------------------------------------------------------- health
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "loading"]
+
+
+class ReadyResponse(BaseModel):
+    status: Literal["ready"] = "ready"
+    models: list[str]
+
+
+# Request bodies parsed by routes.json_body; app.custom_openapi publishes their schemas.
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (EmbeddingRequest,)

@@ -1,0 +1,269 @@
+"""Served names and aliases -> one loaded model each, with what it can do. Strict lookups."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from openai_compat.errors import BadRequest, ModelNotFound
+from openai_compat.settings import ModelConfig, check_unique_names
+from openai_compat.tokens import (
+    Cl100kDecoder,
+    ModelTokenIdDecoder,
+    TokenCounter,
+    backend_tokenizer,
+    model_max_length,
+)
+
+logger = logging.getLogger("openai_compat")
+
+Capability = Literal["embed", "rerank", "classify", "image", "audio"]
+
+# infinity-emb's capability names -> ours
+_CAPABILITIES: dict[str, Capability] = {
+    "embed": "embed",
+    "rerank": "rerank",
+    "classify": "classify",
+    "image_embed": "image",
+    "audio_embed": "audio",
+}
+
+
+class EngineFailure(RuntimeError):
+    """A model could not be loaded or started; stops the server."""
+
+
+@dataclass
+class ModelEntry:
+    """One loaded model and everything the API needs to know about it."""
+
+    config: ModelConfig
+    engine: Any  # infinity_emb.AsyncEmbeddingEngine
+    capabilities: frozenset[Capability]
+    dimensions: int | None = None
+    max_length: int | None = None
+    counter: TokenCounter | None = None
+    token_decoder: Any | None = None  # Cl100kDecoder | ModelTokenIdDecoder | None
+    created: int = field(default_factory=lambda: int(time.time()))
+    load_seconds: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.config.served_name
+
+    @property
+    def owned_by(self) -> str:
+        model = self.config.model
+        if "/" in model and not model.startswith(("/", ".", "builtin:")):
+            return model.split("/")[0]
+        return "openai-compat"
+
+    def alive(self) -> bool:
+        """False once the engine's batching machinery has died."""
+        if not getattr(self.engine, "is_running", False):
+            return False
+        handler = getattr(self.engine, "_batch_handler", None)
+        push = getattr(handler, "_push_task", None)
+        return not (push is not None and push.done())
+
+
+class Registry:
+    """Served name or alias -> ModelEntry. Filled while models load; order is config order."""
+
+    def __init__(self, configs: Sequence[ModelConfig]) -> None:
+        check_unique_names(list(configs))
+        self.configs = tuple(configs)
+        self._entries: dict[str, ModelEntry] = {}  # served name -> entry
+        self._names: dict[str, str] = {}  # served name or alias -> served name
+        self._order: list[str] = [c.served_name for c in configs]
+        self.engines: list[Any] = []  # every engine started, for shutdown
+
+    # ------------------------------------------------------------ filling
+
+    def add(self, entry: ModelEntry) -> None:
+        for name in (entry.name, *entry.config.aliases):
+            if name in self._names:
+                raise ValueError(f"duplicate model name or alias {name!r}")
+        self._entries[entry.name] = entry
+        self._names[entry.name] = entry.name
+        for alias in entry.config.aliases:
+            self._names[alias] = entry.name
+
+    @property
+    def complete(self) -> bool:
+        return len(self._entries) == len(self.configs)
+
+    def __iter__(self) -> Iterable[ModelEntry]:
+        return iter([self._entries[n] for n in self._order if n in self._entries])
+
+    def entries(self) -> list[ModelEntry]:
+        return list(self.__iter__())
+
+    def served_names(self) -> list[str]:
+        """Every name a client may use: served names, then aliases."""
+        names = list(self._order)
+        names += [a for c in self.configs for a in c.aliases]
+        return names
+
+    # ------------------------------------------------------------ lookups
+
+    def resolve(self, name: str) -> ModelEntry:
+        served = self._names.get(name)
+        if served is None:
+            raise ModelNotFound(name, self.served_names())
+        return self._entries[served]
+
+    def require(self, name: str, capability: Capability) -> ModelEntry:
+        """The model for `name`, which must be able to do `capability` (else 400)."""
+        entry = self.resolve(name)
+        if capability not in entry.capabilities:
+            can = ", ".join(sorted(entry.capabilities)) or "nothing"
+            raise BadRequest(
+                f"Model {name!r} cannot {_VERB[capability]}; it can: {can}.",
+                param="model",
+                code="model_not_supported",
+            )
+        return entry
+
+    def by_index(self, index: int, param: str = "model_index") -> ModelEntry:
+        """The tutorial's routes pick models by position in the configured list."""
+        if not 0 <= index < len(self._order):
+            raise BadRequest(
+                f"{param} {index} is out of range: {len(self._order)} model(s) are served "
+                f"({', '.join(f'{i}={n}' for i, n in enumerate(self._order))}).",
+                param=param,
+                code="invalid_model_index",
+            )
+        return self._entries[self._order[index]]
+
+
+_VERB: dict[str, str] = {
+    "embed": "embed text",
+    "rerank": "rerank documents",
+    "classify": "classify text",
+    "image": "embed images",
+    "audio": "embed audio",
+}
+
+
+# ---------------------------------------------------------------- loading
+
+
+def engine_args(config: ModelConfig) -> Any:
+    from infinity_emb import EngineArgs
+
+    return EngineArgs(
+        model_name_or_path=config.source,
+        served_model_name=config.served_name,
+        engine=config.engine,
+        device=config.device,
+        batch_size=config.batch_size,
+        revision=config.revision,
+        trust_remote_code=config.trust_remote_code,
+        dtype=config.dtype,
+        pooling_method=config.pooling_method,
+        model_warmup=config.model_warmup,
+        compile=config.compile,
+        bettertransformer=config.bettertransformer,
+        # Priorities by character length: our own counter does the real token counting.
+        lengths_via_tokenize=False,
+    )
+
+
+def _replica(engine: Any) -> Any:
+    replicas = getattr(engine, "_model_replicas", None) or [None]
+    return replicas[0]
+
+
+def create_engine(config: ModelConfig) -> Any:
+    """Build (load weights of) one infinity-emb engine. Blocking: run it in a thread."""
+    from infinity_emb import AsyncEmbeddingEngine
+
+    try:
+        args = engine_args(config)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise EngineFailure(f"model {config.served_name!r}: invalid engine options: {exc}") from exc
+    engine = AsyncEmbeddingEngine.from_args(args)
+    replica = _replica(engine)
+    if config.max_length is not None:
+        for attr in ("max_seq_length", "max_length"):
+            if hasattr(replica, attr):
+                setattr(replica, attr, config.max_length)
+                break
+    return engine
+
+
+async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | None) -> ModelEntry:
+    """Inspect a started engine: capabilities, size, tokenizer, max length."""
+    caps = frozenset(_CAPABILITIES[c] for c in engine.capabilities if c in _CAPABILITIES)
+    if "embed" in caps:
+        # Cosine similarity of embeddings gives every text-embedding model a rerank ability.
+        caps = caps | {"rerank"}
+    replica = _replica(engine)
+    backend = backend_tokenizer(replica)
+    max_length = config.max_length or model_max_length(replica, backend)
+    counter = TokenCounter(backend, max_length) if backend is not None else None
+    decoder: Any | None = None
+    if config.token_ids == "cl100k_base":
+        decoder = cl100k
+    elif config.token_ids == "model" and backend is not None:
+        decoder = ModelTokenIdDecoder(backend)
+    dimensions = None
+    if "embed" in caps:
+        vectors, _ = await engine.embed(["dimension probe"])
+        dimensions = int(np.asarray(vectors[0]).shape[-1])
+    return ModelEntry(
+        config=config,
+        engine=engine,
+        capabilities=caps,
+        dimensions=dimensions,
+        max_length=max_length,
+        counter=counter,
+        token_decoder=decoder,
+    )
+
+
+async def load_models(registry: Registry) -> None:
+    """Load, start and register every configured model in order."""
+    cl100k = await asyncio.to_thread(Cl100kDecoder)
+    for config in registry.configs:
+        started = time.perf_counter()
+        logger.info("loading model %r from %s", config.served_name, config.model)
+        try:
+            engine = await asyncio.to_thread(create_engine, config)
+            registry.engines.append(engine)
+            await engine.astart()
+            entry = await describe(config, engine, cl100k)
+        except EngineFailure:
+            raise
+        except Exception as exc:
+            raise EngineFailure(
+                f"model {config.served_name!r} ({config.model}) failed to load: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        entry.load_seconds = time.perf_counter() - started
+        registry.add(entry)
+        logger.info(
+            "model %r ready in %.1fs: %s, dimensions=%s, max_length=%s",
+            entry.name,
+            entry.load_seconds,
+            ",".join(sorted(entry.capabilities)),
+            entry.dimensions,
+            entry.max_length,
+        )
+
+
+async def stop_engines(registry: Registry) -> None:
+    """Stop every engine that was started, as one AsyncEngineArray."""
+    if not registry.engines:
+        return
+    from infinity_emb import AsyncEngineArray
+
+    engines, registry.engines = registry.engines, []
+    await AsyncEngineArray(engines=engines).astop()

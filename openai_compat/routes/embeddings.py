@@ -1,0 +1,41 @@
+"""POST /v1/embeddings: OpenAI's contract (four input forms, float/base64, dimensions)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from starlette.responses import Response
+
+from openai_compat.encoding import embedding_payload
+from openai_compat.inference import check_dimensions, embed_texts, texts_from_input
+from openai_compat.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingResponse
+from openai_compat.routes import RegistryDep, SettingsDep, body_openapi, json_body
+
+router = APIRouter(tags=["embeddings"])
+
+
+@router.post(
+    "/embeddings",
+    response_model=EmbeddingResponse,
+    responses=ERROR_RESPONSES,
+    openapi_extra=body_openapi(EmbeddingRequest),
+)
+async def create_embeddings(
+    body: Annotated[EmbeddingRequest, Depends(json_body(EmbeddingRequest))],
+    registry: RegistryDep,
+    settings: SettingsDep,
+) -> Response:
+    """Embed text (or, with `modality`, images and audio) with the named model."""
+    entry = registry.require(body.model, "embed")
+    check_dimensions(body.dimensions, entry)
+    texts = texts_from_input(body.input, entry, settings)
+    result = await embed_texts(entry, texts, settings)
+    payload = embedding_payload(
+        result.vectors,
+        fmt=body.encoding_format or "float",
+        dimensions=body.dimensions,
+        model=body.model,
+        prompt_tokens=result.tokens,
+    )
+    return Response(payload, media_type="application/json")

@@ -1,0 +1,45 @@
+"""Liveness (/health) and readiness (/ready) probes."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from openai_compat.errors import ServiceUnavailable, api_error_response
+from openai_compat.lifecycle import Lifecycle
+from openai_compat.protocol import ERROR_RESPONSES, HealthResponse, ReadyResponse
+from openai_compat.registry import Registry
+
+router = APIRouter(tags=["health"])
+
+
+def _json(body: object) -> Response:
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+@router.get("/health", response_model=HealthResponse, responses={503: ERROR_RESPONSES[503]})
+async def health(request: Request) -> Response:
+    """200 while the process and its engines live (also while loading); 503 if one has died."""
+    lifecycle: Lifecycle = request.app.state.lifecycle
+    registry: Registry = request.app.state.registry
+    if lifecycle.phase == "failed":
+        return api_error_response(ServiceUnavailable(lifecycle.error or "model load failed"))
+    dead = [e.name for e in registry.entries() if not e.alive()]
+    if dead and lifecycle.phase == "ready":
+        return api_error_response(
+            ServiceUnavailable(f"engine(s) stopped: {', '.join(dead)}", code="engine_dead")
+        )
+    return _json({"status": "loading" if lifecycle.phase == "loading" else "ok"})
+
+
+@router.get("/ready", response_model=ReadyResponse, responses={503: ERROR_RESPONSES[503]})
+async def ready(request: Request) -> Response:
+    """200 with the served models once all are loaded; 503 while loading and once draining."""
+    lifecycle: Lifecycle = request.app.state.lifecycle
+    registry: Registry = request.app.state.registry
+    if lifecycle.phase != "ready":
+        return api_error_response(
+            ServiceUnavailable(lifecycle.unavailable_message(), code=lifecycle.phase)
+        )
+    return _json({"status": "ready", "models": registry.served_names()})

@@ -1,0 +1,44 @@
+"""GET /v1/models and /v1/models/{id} (ids may contain '/', raw or percent-encoded)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from openai_compat.encoding import orjson_response
+from openai_compat.protocol import ERROR_RESPONSES, ModelCard, ModelList
+from openai_compat.registry import ModelEntry, Registry
+from openai_compat.routes import RegistryDep
+
+router = APIRouter(tags=["models"])
+
+
+def _card(entry: ModelEntry, id: str) -> dict[str, object]:
+    return ModelCard(
+        id=id,
+        created=entry.created,
+        owned_by=entry.owned_by,
+        root=entry.name,
+        capabilities=sorted(entry.capabilities),
+        dimensions=entry.dimensions,
+        max_input_tokens=entry.max_length,
+    ).model_dump()
+
+
+def _cards(registry: Registry) -> list[dict[str, object]]:
+    cards = []
+    for entry in registry.entries():
+        cards.append(_card(entry, entry.name))
+        cards += [_card(entry, alias) for alias in entry.config.aliases]
+    return cards
+
+
+@router.get("/models", response_model=ModelList, responses=ERROR_RESPONSES)
+async def list_models(registry: RegistryDep) -> Response:
+    """Every served name and alias, with each model's capabilities."""
+    return orjson_response({"object": "list", "data": _cards(registry)})
+
+
+@router.get("/models/{model_id:path}", response_model=ModelCard, responses=ERROR_RESPONSES)
+async def retrieve_model(model_id: str, registry: RegistryDep) -> Response:
+    return orjson_response(_card(registry.resolve(model_id), model_id))

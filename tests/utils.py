@@ -1,0 +1,112 @@
+"""Helpers for tests that run the real server as a subprocess on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+SERVER_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+    "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RemoteServer:
+    """`python -m openai_compat serve ...` on a free loopback port; stops only its own process."""
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        *,
+        env: dict[str, str] | None = None,
+        wait_ready: bool = True,
+        timeout: float = 240.0,
+    ) -> None:
+        self.port = free_port()
+        self.host = "127.0.0.1"
+        self.url = f"http://{self.host}:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop()
+            prefix="openai-compat-", suffix=".log", delete=False
+        )
+        full_env = {**os.environ, **SERVER_ENV, **(env or {})}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "openai_compat",
+                "serve",
+                "--host",
+                self.host,
+                "--port",
+                str(self.port),
+                *args,
+            ],
+            env=full_env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        if wait_ready:
+            self.wait_ready(timeout)
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}:\n{self.output()[-5000:]}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"server not ready after {timeout}s:\n{self.output()[-5000:]}")
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> RemoteServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
