@@ -93,4 +93,6 @@ def decode_base64_embedding(value: str) -> np.ndarray:
 
 def orjson_response(body: Any, status: int = 200) -> Response:
     """A JSON response serialised by orjson (numpy arrays included)."""
-    return Response(orjson.dumps(body, option=_NUMPY), status_code=status, media_type="application/json")
+    return Response(
+        orjson.dumps(body, option=_NUMPY), status_code=status, media_type="application/json"
+    )

@@ -144,7 +144,11 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
     first = errors[0]
     kind = first.get("type")
     if kind == "json_invalid":
-        return ("The request body is not valid JSON: " + str(first.get("msg")), None, "invalid_json")
+        return (
+            "The request body is not valid JSON: " + str(first.get("msg")),
+            None,
+            "invalid_json",
+        )
     param = _param_from_loc(first.get("loc", ()))
     if param is None:
         return ("The request body must be a JSON object.", None, "invalid_request_body")
@@ -169,9 +173,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         message, param, code = validation_message(exc.errors())
-        return error_response(
-            400, message, type="invalid_request_error", param=param, code=code
-        )
+        return error_response(400, message, type="invalid_request_error", param=param, code=code)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
@@ -184,15 +186,11 @@ def install_error_handlers(app: FastAPI) -> None:
         else:
             message, code = str(exc.detail), None
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return error_response(
-            exc.status_code, message, type=kind, code=code, headers=exc.headers
-        )
+        return error_response(exc.status_code, message, type=kind, code=code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
-        logger.error(
-            "unhandled error on %s %s", request.method, request.url.path, exc_info=exc
-        )
+        logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         return error_response(
             500,
             "The server had an error while processing your request.",

@@ -6,7 +6,7 @@ numpy arrays with orjson instead of validating large float arrays through pydant
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -58,7 +58,7 @@ class ModelList(BaseModel):
 # ---------------------------------------------------------------- embeddings
 
 TokenIds = list[StrictInt]
-EmbeddingInput = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+EmbeddingInput = StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
 
 
 class EmbeddingRequest(BaseModel):
@@ -88,7 +88,7 @@ class EmbeddingRequest(BaseModel):
 class Embedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: Union[list[float], str, list[list[float]]] = Field(
+    embedding: list[float] | str | list[list[float]] = Field(
         description="float: a list of floats (a list of vectors for multi-vector models); "
         "base64: little-endian float32 bytes, rows concatenated for multi-vector models."
     )

@@ -158,7 +158,7 @@ _VERB: dict[str, str] = {
 def engine_args(config: ModelConfig) -> Any:
     from infinity_emb import EngineArgs
 
-    return EngineArgs(
+    options: dict[str, Any] = dict(
         model_name_or_path=config.source,
         served_model_name=config.served_name,
         engine=config.engine,
@@ -174,6 +174,7 @@ def engine_args(config: ModelConfig) -> Any:
         # Priorities by character length: our own counter does the real token counting.
         lengths_via_tokenize=False,
     )
+    return EngineArgs(**options)
 
 
 def _replica(engine: Any) -> Any:

@@ -7,13 +7,13 @@ variables, command-line flags. The command line is generated from `Settings` (se
 from __future__ import annotations
 
 import os
-import tomllib
 import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_PREFIX = "OPENAI_COMPAT_"
@@ -109,15 +109,11 @@ class Settings(BaseModel):
     )
     alias: tuple[str, ...] = _opt((), "Extra name for a served model as ALIAS=NAME; repeatable.")
     config: Path | None = _opt(None, "TOML file with server options and [[models]] tables.")
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = _opt(
-        "info", "Log level."
-    )
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = _opt("info", "Log level.")
     max_inputs_per_request: int = _opt(
         2048, "Most inputs one embeddings or classify request may carry.", ge=1
     )
-    max_rerank_documents: int = _opt(
-        10000, "Most documents one rerank request may carry.", ge=1
-    )
+    max_rerank_documents: int = _opt(10000, "Most documents one rerank request may carry.", ge=1)
     truncate: bool = _opt(
         True,
         "Truncate inputs longer than the model's maximum (default) or refuse them with 400.",

@@ -26,11 +26,11 @@ class Cl100kDecoder:
 
     def decode(self, batches: Sequence[Sequence[int]]) -> list[str]:
         try:
-            return self._enc.decode_batch(batches)  # type: ignore[arg-type]
+            return self._enc.decode_batch(batches)
         except (KeyError, OverflowError, ValueError):
             for i, ids in enumerate(batches):
                 try:
-                    self._enc.decode(ids)  # type: ignore[arg-type]
+                    self._enc.decode(ids)
                 except (KeyError, OverflowError, ValueError):
                     bad = next(t for t in ids if not self._valid(t))
                     raise BadRequest(

@@ -83,7 +83,10 @@ def test_zero_vector_survives_renormalisation() -> None:
 @pytest.mark.parametrize("fmt", ["float", "base64"])
 def test_multivector_items_carry_their_shape(fmt: str) -> None:
     rng = np.random.default_rng(1)
-    items = [rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((5, 4)).astype(np.float32)]
+    items = [
+        rng.standard_normal((3, 4)).astype(np.float32),
+        rng.standard_normal((5, 4)).astype(np.float32),
+    ]
     body = orjson.loads(
         embedding_payload(items, fmt=fmt, dimensions=None, model="m", prompt_tokens=1)  # type: ignore[arg-type]
     )

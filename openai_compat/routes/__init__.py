@@ -61,9 +61,7 @@ def body_openapi(model: type[BaseModel]) -> dict[str, Any]:
         "requestBody": {
             "required": True,
             "content": {
-                "application/json": {
-                    "schema": {"$ref": f"#/components/schemas/{model.__name__}"}
-                }
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
             },
         }
     }
