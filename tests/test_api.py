@@ -1,0 +1,74 @@
+"""In-process API tests: the ASGI app with its lifespan, on infinity-emb's model-free debugengine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import numpy as np
+import pytest
+from asgi_lifespan import LifespanManager
+
+from openai_compat.app import create_app
+from openai_compat.encoding import decode_base64_embedding
+from openai_compat.settings import ModelConfig, Settings
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    settings = Settings(
+        models=(ModelConfig(model="debug/engine", name="debug", engine="debugengine"),),
+        max_inputs_per_request=4,
+    )
+    app = create_app(settings)
+    async with LifespanManager(app, startup_timeout=120) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            for _ in range(600):
+                if (await c.get("/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            yield c
+
+
+async def test_debugengine_embeddings_round_trip(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/embeddings", json={"model": "debug", "input": ["abc", "hello"]})
+    assert r.status_code == 200
+    body = r.json()
+    # the debug engine fills 13 dimensions with the text's length
+    assert body["data"][0]["embedding"] == [3.0] * 13
+    assert body["data"][1]["embedding"] == [5.0] * 13
+    assert body["usage"]["prompt_tokens"] == 8  # no tokenizer: the engine's own count
+    r = await client.post(
+        "/embeddings", json={"model": "debug", "input": "abcd", "encoding_format": "base64"}
+    )
+    np.testing.assert_array_equal(
+        decode_base64_embedding(r.json()["data"][0]["embedding"]), np.full(13, 4.0)
+    )
+
+
+async def test_models_card_reports_capabilities_and_size(client: httpx.AsyncClient) -> None:
+    card = (await client.get("/v1/models/debug")).json()
+    assert card["capabilities"] == ["embed", "rerank"] and card["dimensions"] == 13
+
+
+async def test_request_limit_is_configurable(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/embeddings", json={"model": "debug", "input": ["a"] * 5})
+    assert r.status_code == 400
+    assert "at most 4" in r.json()["error"]["message"]
+
+
+async def test_openapi_documents_the_request_bodies(client: httpx.AsyncClient) -> None:
+    schema = (await client.get("/openapi.json")).json()
+    op = schema["paths"]["/v1/embeddings"]["post"]
+    ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    name = ref.rsplit("/", 1)[-1]
+    assert set(schema["components"]["schemas"][name]["properties"]) >= {
+        "model",
+        "input",
+        "encoding_format",
+        "dimensions",
+        "user",
+    }
+    assert "400" in op["responses"] and "/embeddings" not in schema["paths"]

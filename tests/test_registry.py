@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import pytest
+
+from openai_compat.errors import BadRequest, ModelNotFound
+from openai_compat.registry import ModelEntry, Registry
+from openai_compat.settings import ConfigError, ModelConfig
+
+
+class _Engine:
+    is_running = True
+
+
+def _entry(config: ModelConfig, *caps: str) -> ModelEntry:
+    return ModelEntry(config=config, engine=_Engine(), capabilities=frozenset(caps))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def registry() -> Registry:
+    emb = ModelConfig(model="org/emb", aliases=("text-embedding-3-small",))
+    rr = ModelConfig(model="org/rr", name="reranker")
+    reg = Registry([emb, rr])
+    reg.add(_entry(emb, "embed", "rerank"))
+    reg.add(_entry(rr, "rerank"))
+    return reg
+
+
+def test_names_and_aliases_resolve_to_one_entry(registry: Registry) -> None:
+    assert registry.resolve("emb") is registry.resolve("text-embedding-3-small")
+    assert registry.resolve("reranker").name == "reranker"
+    assert registry.served_names() == ["emb", "reranker", "text-embedding-3-small"]
+    assert registry.complete
+
+
+def test_unknown_name_is_404_never_a_fallback(registry: Registry) -> None:
+    with pytest.raises(ModelNotFound) as info:
+        registry.resolve("gpt-4")
+    assert info.value.status == 404 and info.value.param == "model"
+    with pytest.raises(ModelNotFound):
+        registry.resolve("EMB")  # names are exact
+
+
+def test_capability_mismatch_is_400_naming_what_it_can_do(registry: Registry) -> None:
+    assert registry.require("emb", "embed").name == "emb"
+    with pytest.raises(BadRequest) as info:
+        registry.require("reranker", "embed")
+    assert info.value.param == "model" and "rerank" in info.value.message
+    with pytest.raises(BadRequest):
+        registry.require("text-embedding-3-small", "classify")
+
+
+def test_duplicates_are_refused() -> None:
+    with pytest.raises(ConfigError, match="duplicate"):
+        Registry([ModelConfig(model="a/x"), ModelConfig(model="b/x")])
+    with pytest.raises(ConfigError, match="duplicate"):
+        Registry([ModelConfig(model="a/x", aliases=("y",)), ModelConfig(model="b/y")])
+
+
+def test_by_index_follows_config_order(registry: Registry) -> None:
+    assert registry.by_index(1).name == "reranker"
+    with pytest.raises(BadRequest) as info:
+        registry.by_index(2)
+    assert info.value.param == "model_index" and "0=emb" in info.value.message
+
+
+def test_incomplete_while_loading() -> None:
+    reg = Registry([ModelConfig(model="a/x"), ModelConfig(model="a/y")])
+    reg.add(_entry(reg.configs[0], "embed"))
+    assert not reg.complete
+    assert [e.name for e in reg.entries()] == ["x"]
