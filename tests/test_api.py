@@ -1,4 +1,4 @@
-"""In-process API tests: the ASGI app with its lifespan, on infinity-emb's model-free debugengine."""
+"""In-process API tests: the ASGI app and its lifespan, on the model-free debugengine."""
 
 from __future__ import annotations
 
