@@ -16,7 +16,7 @@ from openai_compat.errors import install_error_handlers
 from openai_compat.lifecycle import Lifecycle
 from openai_compat.protocol import REQUEST_MODELS
 from openai_compat.registry import EngineFailure, Registry, load_models, stop_engines
-from openai_compat.routes import embeddings, health, models
+from openai_compat.routes import classify, embeddings, health, models, rerank
 from openai_compat.settings import Settings
 
 logger = logging.getLogger("openai_compat")
@@ -72,7 +72,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 
     app.openapi = lambda: custom_openapi(app)  # type: ignore[method-assign]
     app.include_router(health.router)
-    for router in (models.router, embeddings.router):
+    app.include_router(rerank.router)
+    for router in (models.router, embeddings.router, classify.router):
         app.include_router(router, prefix="/v1")
         # The same routes without /v1, for clients configured with a bare base URL.
         app.include_router(router, include_in_schema=False)

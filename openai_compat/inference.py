@@ -105,3 +105,162 @@ def check_dimensions(dimensions: int | None, entry: ModelEntry) -> None:
             param="dimensions",
             code="invalid_dimensions",
         )
+
+
+# ---------------------------------------------------------------- rerank
+
+
+@dataclass
+class RankedDocument:
+    index: int
+    score: float
+
+
+@dataclass
+class RerankResult:
+    ranked: list[RankedDocument]
+    tokens: int
+
+
+def document_texts(
+    documents: Sequence[str | dict[str, Any]], rank_fields: Sequence[str] | None
+) -> list[str]:
+    """Cohere's document forms -> the text each is ranked on."""
+    texts = []
+    for i, doc in enumerate(documents):
+        if isinstance(doc, str):
+            texts.append(doc)
+            continue
+        fields = list(rank_fields) if rank_fields else ["text"]
+        missing = [f for f in fields if f not in doc]
+        if missing:
+            hint = "named in rank_fields" if rank_fields else "(or name fields in rank_fields)"
+            raise BadRequest(
+                f"documents[{i}] has no field {missing[0]!r} {hint}.",
+                param=f"documents[{i}]",
+                code="missing_document_field",
+            )
+        if len(fields) == 1:
+            texts.append(_field_text(doc[fields[0]]))
+        else:
+            # Cohere ranks structured documents as "key: value" lines, in rank_fields order.
+            texts.append("\n".join(f"{f}: {_field_text(doc[f])}" for f in fields))
+    return texts
+
+
+def _field_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    import orjson
+
+    return orjson.dumps(value).decode()
+
+
+def check_top_n(top_n: int | None) -> None:
+    if top_n is not None and top_n < 1:
+        raise BadRequest(f"'top_n' must be at least 1, got {top_n}.", param="top_n")
+
+
+async def rerank_texts(
+    entry: ModelEntry,
+    query: str,
+    docs: list[str],
+    settings: Settings,
+    *,
+    max_tokens_per_doc: int | None = None,
+) -> RerankResult:
+    """Score every document against the query: best first, scores in [0, 1].
+
+    A cross-encoder ranks with its own sigmoid scores. A model that can only embed ranks by the
+    cosine similarity of query and document embeddings, mapped to [0, 1] as (cos + 1) / 2.
+    """
+    check_count(len(docs), settings.max_rerank_documents, "documents", "documents")
+    if max_tokens_per_doc is not None:
+        if max_tokens_per_doc < 1:
+            raise BadRequest(
+                f"'max_tokens_per_doc' must be at least 1, got {max_tokens_per_doc}.",
+                param="max_tokens_per_doc",
+            )
+        if entry.counter is not None:
+            docs = await entry.counter.truncate_texts(docs, max_tokens_per_doc)
+    if "embed" in entry.engine.capabilities:
+        return await _cosine_rerank(entry, query, docs, settings)
+    with engine_errors():
+        if entry.counter is None:
+            results, usage = await entry.engine.rerank(query=query, docs=docs)
+            tokens = int(usage)
+        else:
+            tokens, (results, _) = await asyncio.gather(
+                entry.counter.pair_usage(query, docs),
+                entry.engine.rerank(query=query, docs=docs),
+            )
+    ranked = [RankedDocument(r.index, float(r.relevance_score)) for r in results]
+    ranked.sort(key=lambda r: (-r.score, r.index))
+    return RerankResult(ranked, tokens)
+
+
+async def _cosine_rerank(
+    entry: ModelEntry, query: str, docs: list[str], settings: Settings
+) -> RerankResult:
+    import numpy as np
+
+    result = await embed_texts(entry, [query, *docs], settings)
+    matrix = np.stack(result.vectors).astype(np.float32)
+    norms = np.linalg.norm(matrix, axis=1)
+    np.maximum(norms, np.finfo(np.float32).tiny, out=norms)
+    cos = (matrix[1:] @ matrix[0]) / (norms[1:] * norms[0])
+    scores = np.clip((cos + 1.0) / 2.0, 0.0, 1.0)
+    order = np.lexsort((np.arange(len(docs)), -scores))
+    ranked = [RankedDocument(int(i), float(scores[i])) for i in order]
+    return RerankResult(ranked, result.tokens)
+
+
+# ---------------------------------------------------------------- classify
+
+
+@dataclass
+class ClassifyResult:
+    labels: list[list[tuple[str, float]]]  # per input, best first
+    tokens: int
+
+
+async def classify_texts(
+    entry: ModelEntry, texts: list[str], settings: Settings, *, raw_scores: bool = False
+) -> ClassifyResult:
+    """Label distributions, best first; raw_scores gives the model's logits."""
+    check_count(len(texts), settings.max_inputs_per_request, "input")
+    truncate = truncate_for(entry, settings)
+    tokens: int | None = None
+    if entry.counter is not None and not truncate:
+        # Refuse over-long input before spending engine time on it.
+        tokens = await entry.counter.usage(texts, truncate=False)
+    with engine_errors():
+        if raw_scores:
+            raw = await _raw_logits(entry, texts)
+            engine_usage = 0
+        else:
+            raw, engine_usage = await entry.engine.classify(sentences=texts)
+    if tokens is None:
+        counter = entry.counter
+        tokens = await counter.usage(texts, truncate=True) if counter else int(engine_usage)
+    labels = [
+        sorted(((str(d["label"]), float(d["score"])) for d in item), key=lambda p: -p[1])
+        for item in raw
+    ]
+    return ClassifyResult(labels, tokens)
+
+
+async def _raw_logits(entry: ModelEntry, texts: list[str]) -> list[list[dict[str, Any]]]:
+    """infinity-emb's classify always applies softmax; logits come from its pipeline directly.
+
+    This runs beside the dynamic batcher (in a worker thread), not through it.
+    """
+    pipe = getattr(getattr(entry.engine, "_model_replicas", [None])[0], "_pipe", None)
+    if pipe is None:
+        raise BadRequest(f"Model {entry.name!r} cannot return raw scores.", param="raw_scores")
+
+    def run() -> list[list[dict[str, Any]]]:
+        out = pipe(texts, top_k=None, function_to_apply="none", truncation=True, padding=True)
+        return [o if isinstance(o, list) else [o] for o in out]
+
+    return await asyncio.to_thread(run)

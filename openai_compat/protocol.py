@@ -6,7 +6,7 @@ numpy arrays with orjson instead of validating large float arrays through pydant
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -121,5 +121,118 @@ class ReadyResponse(BaseModel):
     models: list[str]
 
 
+# ---------------------------------------------------------------- rerank
+
+RerankDocument = StrictStr | dict[str, Any]
+
+
+class RerankRequest(BaseModel):
+    """Cohere v1's rerank request, which Jina's also fits. `null` means "not given"."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr
+    query: StrictStr
+    documents: list[RerankDocument] = Field(
+        description="Strings, {'text': ...} objects, or objects ranked on `rank_fields`."
+    )
+    top_n: StrictInt | None = Field(None, description="Return the best N (default: all).")
+    return_documents: bool | None = Field(
+        None, description="Include each document in its result (default false)."
+    )
+    rank_fields: list[StrictStr] | None = Field(
+        None, description="Fields of object documents to rank on, in order (default: text)."
+    )
+    max_chunks_per_doc: StrictInt | None = Field(
+        None,
+        description="Accepted for compatibility; documents longer than the model's maximum "
+        "are truncated, not chunked.",
+    )
+    max_tokens_per_doc: StrictInt | None = Field(
+        None, description="Truncate each document to this many tokens first."
+    )
+
+
+class RerankRequestV2(RerankRequest):
+    """Cohere v2's rerank request."""
+
+
+class RerankDocumentText(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float = Field(description="In [0, 1]; higher is more relevant.")
+    document: RerankDocumentText | dict[str, Any] | None = Field(
+        None, description="Only when return_documents is true; absent otherwise."
+    )
+
+
+class ApiVersion(BaseModel):
+    version: str
+
+
+class BilledUnits(BaseModel):
+    search_units: int
+
+
+class TokensMeta(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class RerankMeta(BaseModel):
+    api_version: ApiVersion
+    billed_units: BilledUnits
+    tokens: TokensMeta
+
+
+class RerankResponse(BaseModel):
+    id: str
+    results: list[RerankResult]
+    meta: RerankMeta
+    model: str
+    usage: Usage
+
+
+# ---------------------------------------------------------------- classify
+
+
+class ClassifyRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr
+    input: StrictStr | list[StrictStr]
+    raw_scores: bool | None = Field(
+        None, description="Return the model's raw logits instead of probabilities."
+    )
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
+
+
+class Classification(BaseModel):
+    object: Literal["classification"] = "classification"
+    index: int
+    label: str = Field(description="The best label.")
+    score: float = Field(description="The best label's score.")
+    labels: list[LabelScore] = Field(description="Every label, best first.")
+
+
+class ClassifyResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Classification]
+    model: str
+    usage: Usage
+
+
 # Request bodies parsed by routes.json_body; app.custom_openapi publishes their schemas.
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (EmbeddingRequest,)
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    EmbeddingRequest,
+    RerankRequest,
+    RerankRequestV2,
+    ClassifyRequest,
+)

@@ -121,6 +121,39 @@ class TokenCounter:
         # The Rust tokenizer releases the GIL: big batches run beside the event loop.
         return await asyncio.to_thread(self._lengths, texts)
 
+    async def pair_usage(self, query: str, docs: Sequence[str]) -> int:
+        """Tokens of (query, document) pairs as a cross-encoder sees them, after truncation."""
+
+        def count() -> int:
+            encodings = self._tok.encode_batch([(query, d) for d in docs])
+            lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64)
+            if self.max_length:
+                lengths = np.minimum(lengths, self.max_length)
+            return int(lengths.sum())
+
+        if len(query) * len(docs) + sum(len(d) for d in docs) <= _INLINE_CHARS:
+            return count()
+        return await asyncio.to_thread(count)
+
+    async def truncate_texts(self, texts: Sequence[str], max_tokens: int) -> list[str]:
+        """Cut each text after its first `max_tokens` tokens, at the original characters."""
+        from tokenizers import Tokenizer
+
+        def cut() -> list[str]:
+            tok = Tokenizer.from_str(self._tok.to_str())
+            tok.enable_truncation(max_tokens)
+            out = []
+            for text, enc in zip(
+                texts, tok.encode_batch(list(texts), add_special_tokens=False), strict=True
+            ):
+                if len(enc.ids) < max_tokens or not enc.offsets:
+                    out.append(text)
+                else:
+                    out.append(text[: enc.offsets[-1][1]])
+            return out
+
+        return await asyncio.to_thread(cut)
+
     def full_length(self, text: str) -> int:
         """Untruncated token count of one text, for error messages."""
         from tokenizers import Tokenizer

@@ -50,3 +50,31 @@ def server() -> Iterator[RemoteServer]:
     """The default server: the packaged all-MiniLM-L6-v2 plus an OpenAI-style alias."""
     with RemoteServer(["--alias", "text-embedding-3-small=all-MiniLM-L6-v2"]) as srv:
         yield srv
+
+
+@pytest.fixture(scope="session")
+def trained_models(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> dict[str, Path]:
+    """A real cross-encoder and sentiment classifier, fine-tuned from the packaged weights."""
+    from tests.fixtures.tiny_models import build_classifier, build_reranker
+
+    root = tmp_path_factory.mktemp("trained")
+    return {
+        "reranker": build_reranker(minilm_path, root / "reranker"),
+        "classifier": build_classifier(minilm_path, root / "classifier"),
+    }
+
+
+@pytest.fixture(scope="session")
+def multi_server(
+    tmp_path_factory: pytest.TempPathFactory, trained_models: dict[str, Path]
+) -> Iterator[RemoteServer]:
+    """Embedding, rerank and classify models side by side, as the tutorial serves them."""
+    cfg = tmp_path_factory.mktemp("cfg") / "models.toml"
+    cfg.write_text(
+        "max_rerank_documents = 1500\n"
+        '[[models]]\nname = "minilm"\nmodel = "builtin:all-MiniLM-L6-v2"\n'
+        f'[[models]]\nname = "reranker"\nmodel = "{trained_models["reranker"]}"\n'
+        f'[[models]]\nname = "sentiment"\nmodel = "{trained_models["classifier"]}"\n'
+    )
+    with RemoteServer(["--config", str(cfg)]) as srv:
+        yield srv

@@ -1,0 +1,50 @@
+"""POST /v1/classify: label distributions from a sequence-classification model."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from starlette.responses import Response
+
+from openai_compat.encoding import orjson_response
+from openai_compat.inference import ClassifyResult, classify_texts
+from openai_compat.protocol import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
+from openai_compat.routes import RegistryDep, SettingsDep, body_openapi, json_body
+
+router = APIRouter(tags=["classify"])
+
+
+def classify_payload(result: ClassifyResult, model: str) -> dict[str, object]:
+    data = []
+    for i, labels in enumerate(result.labels):
+        best_label, best_score = labels[0]
+        data.append(
+            {
+                "object": "classification",
+                "index": i,
+                "label": best_label,
+                "score": best_score,
+                "labels": [{"label": label, "score": score} for label, score in labels],
+            }
+        )
+    usage = {"prompt_tokens": result.tokens, "total_tokens": result.tokens}
+    return {"object": "list", "data": data, "model": model, "usage": usage}
+
+
+@router.post(
+    "/classify",
+    response_model=ClassifyResponse,
+    responses=ERROR_RESPONSES,
+    openapi_extra=body_openapi(ClassifyRequest),
+)
+async def classify(
+    body: Annotated[ClassifyRequest, Depends(json_body(ClassifyRequest))],
+    registry: RegistryDep,
+    settings: SettingsDep,
+) -> Response:
+    """Classify each input: the best label and score, and every label's score, best first."""
+    entry = registry.require(body.model, "classify")
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    result = await classify_texts(entry, texts, settings, raw_scores=bool(body.raw_scores))
+    return orjson_response(classify_payload(result, body.model))

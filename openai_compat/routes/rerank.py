@@ -1,0 +1,93 @@
+"""Cohere-style rerank: /v1/rerank (Cohere v1 and Jina shapes), /v2/rerank (Cohere v2)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from starlette.responses import Response
+
+from openai_compat.encoding import orjson_response
+from openai_compat.inference import RerankResult, check_top_n, document_texts, rerank_texts
+from openai_compat.protocol import (
+    ERROR_RESPONSES,
+    RerankRequest,
+    RerankRequestV2,
+    RerankResponse,
+)
+from openai_compat.routes import RegistryDep, SettingsDep, body_openapi, json_body
+
+router = APIRouter(tags=["rerank"])
+
+# Cohere bills one search unit per query and up to 100 documents.
+_DOCS_PER_SEARCH_UNIT = 100
+
+
+def rerank_payload(
+    body: RerankRequest, result: RerankResult, texts: list[str], version: str
+) -> dict[str, Any]:
+    ranked = result.ranked[: body.top_n] if body.top_n else result.ranked
+    results = []
+    for r in ranked:
+        item: dict[str, Any] = {"index": r.index, "relevance_score": r.score}
+        if body.return_documents:
+            doc = body.documents[r.index]
+            item["document"] = {"text": texts[r.index]} if isinstance(doc, str) else doc
+        results.append(item)
+    return {
+        "id": str(uuid.uuid4()),
+        "results": results,
+        "meta": {
+            "api_version": {"version": version},
+            "billed_units": {"search_units": max(1, math.ceil(len(texts) / _DOCS_PER_SEARCH_UNIT))},
+            "tokens": {"input_tokens": result.tokens, "output_tokens": 0},
+        },
+        "model": body.model,
+        "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
+    }
+
+
+async def _rerank(
+    body: RerankRequest, registry: RegistryDep, settings: SettingsDep, version: str
+) -> Response:
+    entry = registry.require(body.model, "rerank")
+    check_top_n(body.top_n)
+    texts = document_texts(body.documents, body.rank_fields)
+    result = await rerank_texts(
+        entry, body.query, texts, settings, max_tokens_per_doc=body.max_tokens_per_doc
+    )
+    return orjson_response(rerank_payload(body, result, texts, version))
+
+
+@router.post(
+    "/v1/rerank",
+    response_model=RerankResponse,
+    response_model_exclude_none=True,
+    responses=ERROR_RESPONSES,
+    openapi_extra=body_openapi(RerankRequest),
+)
+async def rerank_v1(
+    body: Annotated[RerankRequest, Depends(json_body(RerankRequest))],
+    registry: RegistryDep,
+    settings: SettingsDep,
+) -> Response:
+    """Rank documents by relevance to the query (Cohere v1 / Jina request shape)."""
+    return await _rerank(body, registry, settings, "1")
+
+
+@router.post(
+    "/v2/rerank",
+    response_model=RerankResponse,
+    response_model_exclude_none=True,
+    responses=ERROR_RESPONSES,
+    openapi_extra=body_openapi(RerankRequestV2),
+)
+async def rerank_v2(
+    body: Annotated[RerankRequestV2, Depends(json_body(RerankRequestV2))],
+    registry: RegistryDep,
+    settings: SettingsDep,
+) -> Response:
+    """Rank documents by relevance to the query (Cohere v2 request shape)."""
+    return await _rerank(body, registry, settings, "2")
