@@ -31,7 +31,7 @@ def _post(srv: RemoteServer, path: str, body: dict[str, object]) -> httpx.Respon
 def test_cohere_v2_client_ranks_the_relevant_passage_first(multi_server: RemoteServer) -> None:
     co = cohere.ClientV2(base_url=multi_server.url, api_key="unused")
     resp = co.rerank(model="reranker", query=QUERY, documents=DOCS, top_n=2)
-    assert [r.index for r in resp.results][0] == RELEVANT
+    assert resp.results[0].index == RELEVANT
     assert len(resp.results) == 2
     scores = [r.relevance_score for r in resp.results]
     assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
@@ -49,7 +49,7 @@ def test_cohere_v1_client_with_return_documents(multi_server: RemoteServer) -> N
         "The Pacific is the largest and deepest ocean on Earth.",
     ]
     resp = co.rerank(model="reranker", query=query, documents=docs, return_documents=True)
-    assert [r.index for r in resp.results][0] == 2
+    assert resp.results[0].index == 2
     assert len(resp.results) == 3
     assert resp.results[0].document.text == docs[2]  # type: ignore[union-attr]
 
