@@ -14,9 +14,11 @@ from fastapi.openapi.utils import get_openapi
 from openai_compat import __version__
 from openai_compat.errors import install_error_handlers
 from openai_compat.lifecycle import Lifecycle
+from openai_compat.media import MediaFetcher
+from openai_compat.middleware import DrainMiddleware
 from openai_compat.protocol import REQUEST_MODELS
 from openai_compat.registry import EngineFailure, Registry, load_models, stop_engines
-from openai_compat.routes import classify, embeddings, health, models, rerank
+from openai_compat.routes import classify, embeddings, health, models, rerank, tutorial
 from openai_compat.settings import Settings
 
 logger = logging.getLogger("openai_compat")
@@ -41,6 +43,11 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     """
     registry = registry if registry is not None else Registry(settings.served_models())
     lifecycle = Lifecycle()
+    media = MediaFetcher(
+        allow_private=settings.allow_private_media_urls,
+        max_bytes=settings.max_media_bytes,
+        timeout=settings.media_fetch_timeout,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -57,6 +64,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
                 loader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await loader
+            await media.close()
             await stop_engines(registry)
 
     app = FastAPI(
@@ -68,15 +76,20 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.registry = registry
     app.state.lifecycle = lifecycle
+    app.state.media = media
     install_error_handlers(app)
+    app.add_middleware(DrainMiddleware, lifecycle=lifecycle)
 
     app.openapi = lambda: custom_openapi(app)  # type: ignore[method-assign]
     app.include_router(health.router)
     app.include_router(rerank.router)
     for router in (models.router, embeddings.router, classify.router):
         app.include_router(router, prefix="/v1")
-        # The same routes without /v1, for clients configured with a bare base URL.
+    # The same routes without /v1, for clients configured with a bare base URL.
+    for router in (models.router, embeddings.router):
         app.include_router(router, include_in_schema=False)
+    # The tutorial's routes; its /classify also takes the /v1/classify request.
+    app.include_router(tutorial.router)
     return app
 
 

@@ -65,22 +65,12 @@ def configure_logging(level: str) -> None:
 
 def serve(settings: Settings) -> int:
     """Run until stopped; 1 if a model failed to load."""
-    import uvicorn
-
     from openai_compat.app import create_app
+    from openai_compat.server import DrainingServer
 
     configure_logging(settings.log_level)
     app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=int(settings.graceful_timeout) or None,
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
+    server = DrainingServer(app, settings)
     fatal: list[str] = []
 
     def on_fatal(error: str) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from openai_compat.errors import BadRequest
+from openai_compat.media import MediaFetcher, Modality
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
 
@@ -92,6 +93,28 @@ async def embed_texts(entry: ModelEntry, texts: Sequence[str], settings: Setting
             entry.counter.usage(texts, truncate=True), entry.engine.embed(list(texts))
         )
         return EmbedResult(vectors, tokens)
+
+
+async def embed_media(
+    entry: ModelEntry,
+    items: Sequence[str],
+    modality: Modality,
+    settings: Settings,
+    fetcher: MediaFetcher,
+) -> EmbedResult:
+    """Embed images or audio given as http(s) URLs or data: URIs (fetched safely first)."""
+    check_count(len(items), settings.max_media_items, "input", "media items")
+    replica = getattr(entry.engine, "_model_replicas", [None])[0]
+    rate = getattr(replica, "sampling_rate", None) if modality == "audio" else None
+    payloads = await fetcher.fetch_all(items, modality, rate)
+    with engine_errors():
+        if modality == "image":
+            vectors, _ = await entry.engine.image_embed(images=payloads)
+        else:
+            vectors, _ = await entry.engine.audio_embed(audios=payloads)
+    # infinity-emb counts characters of an internal repr for media; report what the model
+    # sees instead: patches per image for a ViT, and no tokens for audio.
+    return EmbedResult(vectors, entry.image_tokens * len(items) if modality == "image" else 0)
 
 
 def check_dimensions(dimensions: int | None, entry: ModelEntry) -> None:

@@ -15,6 +15,7 @@ class Lifecycle:
     def __init__(self) -> None:
         self.phase: Phase = "loading"
         self.error: str | None = None
+        self.inflight = 0  # API requests being served (probes excluded)
         # Set by whoever runs the server (the CLI) to stop it, e.g. when a model fails to load.
         self.on_fatal: Callable[[str], None] | None = None
 

@@ -229,10 +229,64 @@ class ClassifyResponse(BaseModel):
     usage: Usage
 
 
+# ---------------------------------------------------------------- the tutorial's routes
+# Models are picked by position in the configured list; defaults follow the tutorial's order
+# (0 CLIP, 1 text embeddings, 2 reranker, 3 classifier).
+
+
+class TutorialEmbedRequest(BaseModel):
+    sentences: list[StrictStr]
+    model_index: StrictInt = 1
+
+
+class TutorialImageEmbedRequest(BaseModel):
+    image_urls: list[StrictStr] = Field(description="http(s) URLs or data: URIs.")
+    model_index: StrictInt = 0
+
+
+class TutorialRerankRequest(BaseModel):
+    query: StrictStr
+    docs: list[StrictStr]
+    model_index: StrictInt = 2
+
+
+class TutorialClassifyRequest(BaseModel):
+    sentences: list[StrictStr]
+    model_index: StrictInt = 3
+
+
+class TutorialEmbedResponse(BaseModel):
+    embeddings: list[list[float]]
+    usage: int
+    model: str
+
+
+class TutorialRanking(BaseModel):
+    index: int
+    relevance_score: float
+    document: str
+
+
+class TutorialRerankResponse(BaseModel):
+    rankings: list[TutorialRanking]
+    usage: int
+    model: str
+
+
+class TutorialClassifyResponse(BaseModel):
+    classifications: list[list[LabelScore]]
+    usage: int
+    model: str
+
+
 # Request bodies parsed by routes.json_body; app.custom_openapi publishes their schemas.
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     EmbeddingRequest,
     RerankRequest,
     RerankRequestV2,
     ClassifyRequest,
+    TutorialEmbedRequest,
+    TutorialImageEmbedRequest,
+    TutorialRerankRequest,
+    TutorialClassifyRequest,
 )

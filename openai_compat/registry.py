@@ -50,6 +50,7 @@ class ModelEntry:
     max_length: int | None = None
     counter: TokenCounter | None = None
     token_decoder: Any | None = None  # Cl100kDecoder | ModelTokenIdDecoder | None
+    image_tokens: int = 0  # tokens one image is to the model (ViT patches + class token)
     created: int = field(default_factory=lambda: int(time.time()))
     load_seconds: float = 0.0
 
@@ -227,7 +228,19 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         max_length=max_length,
         counter=counter,
         token_decoder=decoder,
+        image_tokens=_image_tokens(replica) if "image" in caps else 0,
     )
+
+
+def _image_tokens(replica: Any) -> int:
+    """A ViT sees (image_size / patch_size)^2 patches plus a class token."""
+    vision = getattr(
+        getattr(getattr(replica, "model", None), "config", None), "vision_config", None
+    )
+    size, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
+    if isinstance(size, int) and isinstance(patch, int) and patch > 0:
+        return (size // patch) ** 2 + 1
+    return 0
 
 
 async def load_models(registry: Registry) -> None:

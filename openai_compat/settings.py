@@ -121,6 +121,16 @@ class Settings(BaseModel):
     graceful_timeout: float = _opt(
         30.0, "Seconds to let in-flight requests finish after SIGTERM.", ge=0
     )
+    allow_private_media_urls: bool = _opt(
+        False,
+        "Fetch image/audio URLs that resolve to loopback, private or link-local addresses "
+        "(trusted networks and tests only).",
+    )
+    max_media_bytes: int = _opt(
+        8 * 1024 * 1024, "Largest image or audio item, fetched or in a data: URI, in bytes.", ge=1
+    )
+    media_fetch_timeout: float = _opt(10.0, "Seconds one media URL fetch may take.", gt=0)
+    max_media_items: int = _opt(64, "Most image or audio inputs in one request.", ge=1)
     models: tuple[ModelConfig, ...] = _opt((), "Models from the config file.", cli=False)
 
     def served_models(self) -> tuple[ModelConfig, ...]:

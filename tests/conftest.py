@@ -65,16 +65,77 @@ def trained_models(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -
 
 
 @pytest.fixture(scope="session")
+def tiny_media_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny CLIP (text + image) and CLAP (text + audio), random weights, built offline."""
+    from tests.fixtures.tiny_media import build_clap, build_clip
+
+    root = tmp_path_factory.mktemp("media-models")
+    return {"clip": build_clip(root / "clip"), "clap": build_clap(root / "clap")}
+
+
+@pytest.fixture(scope="session")
 def multi_server(
-    tmp_path_factory: pytest.TempPathFactory, trained_models: dict[str, Path]
+    tmp_path_factory: pytest.TempPathFactory,
+    trained_models: dict[str, Path],
+    tiny_media_models: dict[str, Path],
 ) -> Iterator[RemoteServer]:
-    """Embedding, rerank and classify models side by side, as the tutorial serves them."""
+    """CLIP, text embedding, rerank and classify models in the tutorial's order (0-3), with
+    default (safe) media settings."""
     cfg = tmp_path_factory.mktemp("cfg") / "models.toml"
     cfg.write_text(
         "max_rerank_documents = 1500\n"
+        f'[[models]]\nname = "clip"\nmodel = "{tiny_media_models["clip"]}"\n'
         '[[models]]\nname = "minilm"\nmodel = "builtin:all-MiniLM-L6-v2"\n'
         f'[[models]]\nname = "reranker"\nmodel = "{trained_models["reranker"]}"\n'
         f'[[models]]\nname = "sentiment"\nmodel = "{trained_models["classifier"]}"\n'
     )
     with RemoteServer(["--config", str(cfg)]) as srv:
         yield srv
+
+
+@pytest.fixture(scope="session")
+def media_server(tiny_media_models: dict[str, Path]) -> Iterator[RemoteServer]:
+    """CLIP and CLAP, allowed to fetch from loopback (for the local media file server)."""
+    args = ["--allow-private-media-urls", "--max-media-bytes", "200000"]
+    for name, path in tiny_media_models.items():
+        args += ["--model", f"{name}={path}"]
+    with RemoteServer(args) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="session")
+def file_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A plain HTTP server on 127.0.0.1 serving a temp folder: (base URL, folder).
+
+    Extras: /redirect?to=URL answers 302 to URL; /slow sleeps 3 s before answering."""
+    import http.server
+    import threading
+    import time
+    from urllib.parse import parse_qs, urlsplit
+
+    root = tmp_path_factory.mktemp("www")
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
+
+        def do_GET(self) -> None:
+            parts = urlsplit(self.path)
+            if parts.path == "/redirect":
+                self.send_response(302)
+                self.send_header("Location", parse_qs(parts.query)["to"][0])
+                self.end_headers()
+                return
+            if parts.path == "/slow":
+                time.sleep(3)
+            super().do_GET()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", root
+    finally:
+        httpd.shutdown()

@@ -273,6 +273,7 @@ def test_models_list_shows_each_capability(multi_server: RemoteServer) -> None:
     client = openai.OpenAI(base_url=multi_server.base_url, api_key="unused", max_retries=0)
     caps = {m.id: (m.model_extra or {})["capabilities"] for m in client.models.list()}
     assert caps == {
+        "clip": ["embed", "image", "rerank"],
         "minilm": ["embed", "rerank"],
         "reranker": ["rerank"],
         "sentiment": ["classify"],

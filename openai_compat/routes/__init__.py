@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from openai_compat.errors import ServiceUnavailable
 from openai_compat.lifecycle import Lifecycle
+from openai_compat.media import MediaFetcher
 from openai_compat.registry import Registry
 from openai_compat.settings import Settings
 
@@ -37,7 +38,13 @@ def _ready_registry(request: Request) -> Registry:
     return registry
 
 
+def _media(request: Request) -> MediaFetcher:
+    fetcher: MediaFetcher = request.app.state.media
+    return fetcher
+
+
 SettingsDep = Annotated[Settings, Depends(_settings)]
+MediaDep = Annotated[MediaFetcher, Depends(_media)]
 RegistryDep = Annotated[Registry, Depends(_ready_registry)]
 
 
@@ -49,10 +56,15 @@ def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
         try:
             return model.model_validate_json(raw or b"null")
         except ValidationError as exc:
-            errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
-            raise RequestValidationError(errors) from None
+            raise validation_failure(exc) from None
 
     return parse
+
+
+def validation_failure(exc: ValidationError) -> RequestValidationError:
+    """A body's pydantic errors as FastAPI's, so the one handler renders them (400)."""
+    errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+    return RequestValidationError(errors)
 
 
 def body_openapi(model: type[BaseModel]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""POST /v1/embeddings: OpenAI's contract (four input forms, float/base64, dimensions)."""
+"""POST /v1/embeddings: OpenAI's contract (four input forms, float/base64, dimensions), plus
+`modality` for image (CLIP) and audio (CLAP) inputs."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
 from openai_compat.encoding import embedding_payload
-from openai_compat.inference import check_dimensions, embed_texts, texts_from_input
+from openai_compat.errors import BadRequest
+from openai_compat.inference import (
+    EmbedResult,
+    check_dimensions,
+    embed_media,
+    embed_texts,
+    texts_from_input,
+)
 from openai_compat.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingResponse
-from openai_compat.routes import RegistryDep, SettingsDep, body_openapi, json_body
+from openai_compat.routes import MediaDep, RegistryDep, SettingsDep, body_openapi, json_body
 
 router = APIRouter(tags=["embeddings"])
 
@@ -25,12 +33,24 @@ async def create_embeddings(
     body: Annotated[EmbeddingRequest, Depends(json_body(EmbeddingRequest))],
     registry: RegistryDep,
     settings: SettingsDep,
+    media: MediaDep,
 ) -> Response:
     """Embed text (or, with `modality`, images and audio) with the named model."""
-    entry = registry.require(body.model, "embed")
+    modality = body.modality or "text"
+    entry = registry.require(body.model, "embed" if modality == "text" else modality)
     check_dimensions(body.dimensions, entry)
-    texts = texts_from_input(body.input, entry, settings)
-    result = await embed_texts(entry, texts, settings)
+    result: EmbedResult
+    if modality == "text":
+        texts = texts_from_input(body.input, entry, settings)
+        result = await embed_texts(entry, texts, settings)
+    else:
+        items = [body.input] if isinstance(body.input, str) else body.input
+        if not all(isinstance(i, str) for i in items):
+            raise BadRequest(
+                f"With modality '{modality}', input must be URLs or data: URIs (strings).",
+                param="input",
+            )
+        result = await embed_media(entry, items, modality, settings, media)  # type: ignore[arg-type]
     payload = embedding_payload(
         result.vectors,
         fmt=body.encoding_format or "float",

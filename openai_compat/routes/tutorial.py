@@ -1,0 +1,163 @@
+"""The original tutorial's routes, unchanged for its users: models picked by `model_index`.
+
+They share the engine paths of the /v1 API (inference.py); only the wire shapes differ.
+`/classify` also accepts the /v1/classify request (`input` instead of `sentences`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import orjson
+from fastapi import APIRouter, Depends, Request
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from openai_compat.encoding import as_matrix, orjson_response
+from openai_compat.errors import BadRequest
+from openai_compat.inference import classify_texts, embed_media, embed_texts, rerank_texts
+from openai_compat.protocol import (
+    ERROR_RESPONSES,
+    ClassifyRequest,
+    ClassifyResponse,
+    TutorialClassifyRequest,
+    TutorialClassifyResponse,
+    TutorialEmbedRequest,
+    TutorialEmbedResponse,
+    TutorialImageEmbedRequest,
+    TutorialRerankRequest,
+    TutorialRerankResponse,
+)
+from openai_compat.routes import (
+    MediaDep,
+    RegistryDep,
+    SettingsDep,
+    body_openapi,
+    json_body,
+    validation_failure,
+)
+from openai_compat.routes.classify import classify_payload
+
+router = APIRouter(tags=["tutorial"])
+
+
+def _check_not_empty(items: list[str], param: str) -> None:
+    if not items:
+        raise BadRequest(f"'{param}' must not be empty.", param=param, code="empty_input")
+
+
+@router.post(
+    "/embed",
+    response_model=TutorialEmbedResponse,
+    responses=ERROR_RESPONSES,
+    openapi_extra=body_openapi(TutorialEmbedRequest),
+)
+async def embed(
+    body: Annotated[TutorialEmbedRequest, Depends(json_body(TutorialEmbedRequest))],
+    registry: RegistryDep,
+    settings: SettingsDep,
+) -> Response:
+    entry = registry.by_index(body.model_index)
+    registry.require(entry.name, "embed")
+    _check_not_empty(body.sentences, "sentences")
+    if len(body.sentences) > settings.max_inputs_per_request:
+        raise BadRequest(
+            f"Too many sentences: at most {settings.max_inputs_per_request} per request.",
+            param="sentences",
+        )
+    result = await embed_texts(entry, body.sentences, settings)
+    return orjson_response(
+        {"embeddings": list(as_matrix(result.vectors)), "usage": result.tokens, "model": entry.name}
+    )
+
+
+@router.post(
+    "/image_embed",
+    response_model=TutorialEmbedResponse,
+    responses=ERROR_RESPONSES,
+    openapi_extra=body_openapi(TutorialImageEmbedRequest),
+)
+async def image_embed(
+    body: Annotated[TutorialImageEmbedRequest, Depends(json_body(TutorialImageEmbedRequest))],
+    registry: RegistryDep,
+    settings: SettingsDep,
+    media: MediaDep,
+) -> Response:
+    entry = registry.by_index(body.model_index)
+    registry.require(entry.name, "image")
+    _check_not_empty(body.image_urls, "image_urls")
+    result = await embed_media(entry, body.image_urls, "image", settings, media)
+    return orjson_response(
+        {"embeddings": list(as_matrix(result.vectors)), "usage": result.tokens, "model": entry.name}
+    )
+
+
+@router.post(
+    "/rerank",
+    response_model=TutorialRerankResponse,
+    responses=ERROR_RESPONSES,
+    openapi_extra=body_openapi(TutorialRerankRequest),
+)
+async def rerank(
+    body: Annotated[TutorialRerankRequest, Depends(json_body(TutorialRerankRequest))],
+    registry: RegistryDep,
+    settings: SettingsDep,
+) -> Response:
+    entry = registry.by_index(body.model_index)
+    registry.require(entry.name, "rerank")
+    result = await rerank_texts(entry, body.query, body.docs, settings)
+    rankings = [
+        {"index": r.index, "relevance_score": r.score, "document": body.docs[r.index]}
+        for r in result.ranked
+    ]
+    return orjson_response({"rankings": rankings, "usage": result.tokens, "model": entry.name})
+
+
+@router.post(
+    "/classify",
+    response_model=TutorialClassifyResponse | ClassifyResponse,
+    responses=ERROR_RESPONSES,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "oneOf": [
+                            {"$ref": "#/components/schemas/TutorialClassifyRequest"},
+                            {"$ref": "#/components/schemas/ClassifyRequest"},
+                        ]
+                    }
+                }
+            },
+        }
+    },
+)
+async def classify(request: Request, registry: RegistryDep, settings: SettingsDep) -> Response:
+    raw = await request.body()
+    try:
+        data = orjson.loads(raw or b"null")
+    except orjson.JSONDecodeError:
+        # let the validator produce the standard invalid-JSON error
+        data = None
+    tutorial = isinstance(data, dict) and "sentences" in data and "input" not in data
+    try:
+        if not tutorial:
+            body = ClassifyRequest.model_validate_json(raw or b"null")
+            entry = registry.require(body.model, "classify")
+            texts = [body.input] if isinstance(body.input, str) else body.input
+            result = await classify_texts(entry, texts, settings, raw_scores=bool(body.raw_scores))
+            return orjson_response(classify_payload(result, body.model))
+        tbody = TutorialClassifyRequest.model_validate(data)
+    except ValidationError as exc:
+        raise validation_failure(exc) from None
+    entry = registry.by_index(tbody.model_index)
+    registry.require(entry.name, "classify")
+    _check_not_empty(tbody.sentences, "sentences")
+    result = await classify_texts(entry, tbody.sentences, settings)
+    classifications = [
+        [{"label": label, "score": score} for label, score in labels] for labels in result.labels
+    ]
+    return orjson_response(
+        {"classifications": classifications, "usage": result.tokens, "model": entry.name}
+    )

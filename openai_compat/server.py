@@ -1,0 +1,72 @@
+"""uvicorn with a drain phase: SIGTERM stops readiness at once, lets work in flight finish."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from openai_compat.lifecycle import Lifecycle
+from openai_compat.settings import Settings
+
+logger = logging.getLogger("openai_compat")
+
+
+class DrainingServer(uvicorn.Server):
+    """On the first SIGTERM/SIGINT: /ready turns 503 and new API work is refused (503), while
+    the port stays open for probes; once nothing is in flight (or `graceful_timeout` has
+    passed) uvicorn shuts down, the engines stop and the process exits 0. A second signal
+    exits at once.
+
+    Unlike uvicorn's own handler this does not re-raise the signal after a clean drain, so a
+    drained process exits with status 0 rather than -15.
+    """
+
+    def __init__(self, app: FastAPI, settings: Settings) -> None:
+        config = uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            access_log=False,
+            # After the drain, uvicorn itself waits at most this long for stragglers.
+            timeout_graceful_shutdown=max(1, int(settings.graceful_timeout)),
+            lifespan="on",
+        )
+        super().__init__(config)
+        self.lifecycle: Lifecycle = app.state.lifecycle
+        self.grace = settings.graceful_timeout
+        self.drain_deadline: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain_deadline is not None or self.lifecycle.phase in ("loading", "failed"):
+            # second signal, or nothing worth draining: stop now
+            if self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+            self.lifecycle.drain()
+            return
+        logger.info(
+            "%s received: draining %d request(s) in flight (at most %.0fs)",
+            signal.Signals(sig).name,
+            self.lifecycle.inflight,
+            self.grace,
+        )
+        self.lifecycle.drain()
+        self.drain_deadline = time.monotonic() + self.grace
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_deadline is not None and not self.should_exit:
+            if self.lifecycle.inflight == 0:
+                logger.info("drained; shutting down")
+                self.should_exit = True
+            elif time.monotonic() >= self.drain_deadline:
+                logger.warning(
+                    "graceful timeout: %d request(s) still in flight", self.lifecycle.inflight
+                )
+                self.should_exit = True
+        return await super().on_tick(counter)
