@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from openai_compat import __version__
+from openai_compat import __version__, logs
 from openai_compat.errors import install_error_handlers
 from openai_compat.lifecycle import Lifecycle
 from openai_compat.media import MediaFetcher
@@ -26,6 +27,9 @@ logger = logging.getLogger("openai_compat")
 
 async def _load(registry: Registry, lifecycle: Lifecycle) -> None:
     try:
+        # Import the engine (torch: seconds) off the event loop, then undo its logging setup.
+        await asyncio.to_thread(importlib.import_module, "infinity_emb")
+        logs.reclaim_root()
         await load_models(registry)
     except EngineFailure as exc:
         lifecycle.fail(str(exc))

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import typing
 from collections.abc import Sequence
 from typing import Any
 
-from openai_compat import __version__
+from openai_compat import __version__, logs
 from openai_compat.settings import (
     ConfigError,
     Settings,
@@ -38,6 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the HTTP server. Every option can also be set by the environment "
         "variable shown, or in the --config TOML file; the command line wins.",
     )
+    download = sub.add_parser(
+        "download",
+        help="Download the configured hub models into the local cache (HF_HOME), e.g. at "
+        "image build time, so replicas start without the network.",
+    )
+    for target in (serve, download):
+        _add_settings_flags(target)
+    return parser
+
+
+def _add_settings_flags(serve: argparse.ArgumentParser) -> None:
     for name, field in cli_fields().items():
         annotation = field.annotation
         help_text = f"{field.description} [env: {env_name(name)}; default: {field.default!r}]"
@@ -51,16 +61,6 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             kwargs["metavar"] = name.upper()
         serve.add_argument(_flag(name), **kwargs)
-    return parser
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("openai_compat").setLevel(level.upper())
 
 
 def serve(settings: Settings) -> int:
@@ -68,7 +68,7 @@ def serve(settings: Settings) -> int:
     from openai_compat.app import create_app
     from openai_compat.server import DrainingServer
 
-    configure_logging(settings.log_level)
+    logs.configure(settings.log_level)
     app = create_app(settings)
     server = DrainingServer(app, settings)
     fatal: list[str] = []
@@ -85,8 +85,25 @@ def serve(settings: Settings) -> int:
     return 0
 
 
+def download(settings: Settings) -> int:
+    """Fetch every hub model of the configuration into the Hugging Face cache."""
+    from pathlib import Path
+
+    from huggingface_hub import snapshot_download
+
+    for model in settings.served_models():
+        source = model.source
+        if Path(source).exists():
+            print(f"{model.served_name}: local folder {source}, nothing to download")
+            continue
+        path = snapshot_download(source, revision=model.revision)
+        print(f"{model.served_name}: {source} -> {path}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    command = args.command
     values = {k: v for k, v in vars(args).items() if k != "command"}
     for name, value in list(values.items()):
         if isinstance(value, list):
@@ -101,4 +118,4 @@ def main(argv: Sequence[str] | None = None) -> None:
     # explicitly turned it on.
     os.environ.setdefault("INFINITY_ANONYMOUS_USAGE_STATS", "0")
     os.environ.setdefault("DO_NOT_TRACK", "1")
-    sys.exit(serve(settings))
+    sys.exit(download(settings) if command == "download" else serve(settings))
