@@ -178,9 +178,8 @@ def main(argv: list[str] | None = None) -> int:
 
     width = max(len(c.name) for c in s.checks)
     for c in s.checks:
-        print(
-            f"{'PASS' if c.ok else 'FAIL'}  {c.name:<{width}}  {c.seconds * 1000:7.0f} ms  {c.detail}"
-        )
+        status = "PASS" if c.ok else "FAIL"
+        print(f"{status}  {c.name:<{width}}  {c.seconds * 1000:7.0f} ms  {c.detail}")
     failed = sum(not c.ok for c in s.checks)
     print(f"{len(s.checks) - failed} passed, {failed} failed")
     return 1 if failed else 0
