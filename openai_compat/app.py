@@ -11,12 +11,13 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 
 from openai_compat import __version__, logs
 from openai_compat.errors import install_error_handlers
 from openai_compat.lifecycle import Lifecycle
 from openai_compat.media import MediaFetcher
-from openai_compat.middleware import DrainMiddleware
+from openai_compat.middleware import DrainMiddleware, FastPathMiddleware
 from openai_compat.protocol import REQUEST_MODELS
 from openai_compat.registry import EngineFailure, Registry, load_models, stop_engines
 from openai_compat.routes import classify, embeddings, health, models, rerank, tutorial
@@ -76,12 +77,18 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         version=__version__,
         summary="OpenAI- and Cohere-compatible embeddings, rerank and classify server.",
         lifespan=lifespan,
+        telemetry=None if settings.otel else {"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.registry = registry
     app.state.lifecycle = lifecycle
     app.state.media = media
     install_error_handlers(app)
+    hot = {
+        "/v1/embeddings": embeddings.create_embeddings,
+        "/embeddings": embeddings.create_embeddings,
+    }
+    app.add_middleware(FastPathMiddleware, routes=hot)
     app.add_middleware(DrainMiddleware, lifecycle=lifecycle)
 
     app.openapi = lambda: custom_openapi(app)  # type: ignore[method-assign]
@@ -94,6 +101,16 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         app.include_router(router, include_in_schema=False)
     # The tutorial's routes; its /classify also takes the /v1/classify request.
     app.include_router(tutorial.router)
+
+    # Every POST handler takes only the Request, so it can be served straight from the fast
+    # path; GETs (probes, models, docs) go through the normal router.
+    fast = {
+        route.path: route.endpoint
+        for route in app.routes
+        if isinstance(route, APIRoute) and route.methods == {"POST"} and "{" not in route.path
+    }
+    app.add_middleware(FastPathMiddleware, routes=fast)
+    app.add_middleware(DrainMiddleware, lifecycle=lifecycle)  # outermost of ours
     return app
 
 

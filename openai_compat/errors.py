@@ -165,6 +165,11 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
     return (f"Invalid value for '{param}': {first.get('msg')}.", param, "invalid_value")
 
 
+def validation_error_response(exc: RequestValidationError) -> Response:
+    message, param, code = validation_message(exc.errors())
+    return error_response(400, message, type="invalid_request_error", param=param, code=code)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> Response:

@@ -81,7 +81,7 @@ async def embed_texts(entry: ModelEntry, texts: Sequence[str], settings: Setting
     """Embed texts; usage counts the model's own tokens after truncation."""
     truncate = truncate_for(entry, settings)
     with engine_errors():
-        if entry.counter is None:
+        if entry.counter is None or (truncate and not settings.count_tokens):
             vectors, usage = await entry.engine.embed(list(texts))
             return EmbedResult(vectors, int(usage))
         if not truncate:

@@ -36,6 +36,8 @@ class DrainingServer(uvicorn.Server):
             # After the drain, uvicorn itself waits at most this long for stragglers.
             timeout_graceful_shutdown=max(1, int(settings.graceful_timeout)),
             lifespan="on",
+            proxy_headers=settings.forwarded_allow_ips is not None,
+            forwarded_allow_ips=settings.forwarded_allow_ips,
         )
         super().__init__(config)
         self.lifecycle: Lifecycle = app.state.lifecycle

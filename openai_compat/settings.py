@@ -118,6 +118,22 @@ class Settings(BaseModel):
         True,
         "Truncate inputs longer than the model's maximum (default) or refuse them with 400.",
     )
+    forwarded_allow_ips: str | None = _opt(
+        None,
+        "Trust X-Forwarded-For/-Proto from these proxy IPs (comma-separated, or *); off by "
+        "default, which also skips per-request proxy-header parsing.",
+    )
+    otel: bool = _opt(
+        False,
+        "Enable FastAPI's native OpenTelemetry (traces, metrics, logs) through the globally "
+        "configured providers; off by default, which keeps its per-request checks off the hot "
+        "path.",
+    )
+    count_tokens: bool = _opt(
+        True,
+        "Count usage with each model's own tokenizer (exact, after truncation); off reports "
+        "the engine's own count (characters) and skips that extra tokenization.",
+    )
     graceful_timeout: float = _opt(
         30.0, "Seconds to let in-flight requests finish after SIGTERM.", ge=0
     )

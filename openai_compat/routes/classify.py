@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_compat.encoding import orjson_response
 from openai_compat.inference import ClassifyResult, classify_texts
 from openai_compat.protocol import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
-from openai_compat.routes import RegistryDep, SettingsDep, body_openapi, json_body
+from openai_compat.routes import body_openapi, read_body, ready_registry, settings_of
 
 router = APIRouter(tags=["classify"])
 
@@ -38,12 +36,10 @@ def classify_payload(result: ClassifyResult, model: str) -> dict[str, object]:
     responses=ERROR_RESPONSES,
     openapi_extra=body_openapi(ClassifyRequest),
 )
-async def classify(
-    body: Annotated[ClassifyRequest, Depends(json_body(ClassifyRequest))],
-    registry: RegistryDep,
-    settings: SettingsDep,
-) -> Response:
+async def classify(request: Request) -> Response:
     """Classify each input: the best label and score, and every label's score, best first."""
+    registry, settings = ready_registry(request), settings_of(request)
+    body = await read_body(request, ClassifyRequest)
     entry = registry.require(body.model, "classify")
     texts = [body.input] if isinstance(body.input, str) else body.input
     result = await classify_texts(entry, texts, settings, raw_scores=bool(body.raw_scores))

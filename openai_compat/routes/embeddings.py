@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_compat.encoding import embedding_payload
@@ -18,7 +16,13 @@ from openai_compat.inference import (
     texts_from_input,
 )
 from openai_compat.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingResponse
-from openai_compat.routes import MediaDep, RegistryDep, SettingsDep, body_openapi, json_body
+from openai_compat.routes import (
+    body_openapi,
+    media_of,
+    read_body,
+    ready_registry,
+    settings_of,
+)
 
 router = APIRouter(tags=["embeddings"])
 
@@ -29,13 +33,10 @@ router = APIRouter(tags=["embeddings"])
     responses=ERROR_RESPONSES,
     openapi_extra=body_openapi(EmbeddingRequest),
 )
-async def create_embeddings(
-    body: Annotated[EmbeddingRequest, Depends(json_body(EmbeddingRequest))],
-    registry: RegistryDep,
-    settings: SettingsDep,
-    media: MediaDep,
-) -> Response:
+async def create_embeddings(request: Request) -> Response:
     """Embed text (or, with `modality`, images and audio) with the named model."""
+    registry, settings = ready_registry(request), settings_of(request)
+    body = await read_body(request, EmbeddingRequest)
     modality = body.modality or "text"
     entry = registry.require(body.model, "embed" if modality == "text" else modality)
     check_dimensions(body.dimensions, entry)
@@ -50,7 +51,7 @@ async def create_embeddings(
                 f"With modality '{modality}', input must be URLs or data: URIs (strings).",
                 param="input",
             )
-        result = await embed_media(entry, items, modality, settings, media)  # type: ignore[arg-type]
+        result = await embed_media(entry, items, modality, settings, media_of(request))  # type: ignore[arg-type]
     payload = embedding_payload(
         result.vectors,
         fmt=body.encoding_format or "float",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_compat.encoding import orjson_response
 from openai_compat.protocol import ERROR_RESPONSES, ModelCard, ModelList
 from openai_compat.registry import ModelEntry, Registry
-from openai_compat.routes import RegistryDep
+from openai_compat.routes import ready_registry
 
 router = APIRouter(tags=["models"])
 
@@ -34,11 +34,11 @@ def _cards(registry: Registry) -> list[dict[str, object]]:
 
 
 @router.get("/models", response_model=ModelList, responses=ERROR_RESPONSES)
-async def list_models(registry: RegistryDep) -> Response:
+async def list_models(request: Request) -> Response:
     """Every served name and alias, with each model's capabilities."""
-    return orjson_response({"object": "list", "data": _cards(registry)})
+    return orjson_response({"object": "list", "data": _cards(ready_registry(request))})
 
 
 @router.get("/models/{model_id:path}", response_model=ModelCard, responses=ERROR_RESPONSES)
-async def retrieve_model(model_id: str, registry: RegistryDep) -> Response:
-    return orjson_response(_card(registry.resolve(model_id), model_id))
+async def retrieve_model(model_id: str, request: Request) -> Response:
+    return orjson_response(_card(ready_registry(request).resolve(model_id), model_id))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import uuid
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_compat.encoding import orjson_response
@@ -17,7 +17,7 @@ from openai_compat.protocol import (
     RerankRequestV2,
     RerankResponse,
 )
-from openai_compat.routes import RegistryDep, SettingsDep, body_openapi, json_body
+from openai_compat.routes import body_openapi, read_body, ready_registry, settings_of
 
 router = APIRouter(tags=["rerank"])
 
@@ -49,9 +49,9 @@ def rerank_payload(
     }
 
 
-async def _rerank(
-    body: RerankRequest, registry: RegistryDep, settings: SettingsDep, version: str
-) -> Response:
+async def _rerank(request: Request, model: type[RerankRequest], version: str) -> Response:
+    registry, settings = ready_registry(request), settings_of(request)
+    body = await read_body(request, model)
     entry = registry.require(body.model, "rerank")
     check_top_n(body.top_n)
     texts = document_texts(body.documents, body.rank_fields)
@@ -68,13 +68,9 @@ async def _rerank(
     responses=ERROR_RESPONSES,
     openapi_extra=body_openapi(RerankRequest),
 )
-async def rerank_v1(
-    body: Annotated[RerankRequest, Depends(json_body(RerankRequest))],
-    registry: RegistryDep,
-    settings: SettingsDep,
-) -> Response:
+async def rerank_v1(request: Request) -> Response:
     """Rank documents by relevance to the query (Cohere v1 / Jina request shape)."""
-    return await _rerank(body, registry, settings, "1")
+    return await _rerank(request, RerankRequest, "1")
 
 
 @router.post(
@@ -84,10 +80,6 @@ async def rerank_v1(
     responses=ERROR_RESPONSES,
     openapi_extra=body_openapi(RerankRequestV2),
 )
-async def rerank_v2(
-    body: Annotated[RerankRequestV2, Depends(json_body(RerankRequestV2))],
-    registry: RegistryDep,
-    settings: SettingsDep,
-) -> Response:
+async def rerank_v2(request: Request) -> Response:
     """Rank documents by relevance to the query (Cohere v2 request shape)."""
-    return await _rerank(body, registry, settings, "2")
+    return await _rerank(request, RerankRequestV2, "2")

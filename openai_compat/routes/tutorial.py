@@ -6,10 +6,8 @@ They share the engine paths of the /v1 API (inference.py); only the wire shapes 
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import orjson
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
@@ -29,11 +27,11 @@ from openai_compat.protocol import (
     TutorialRerankResponse,
 )
 from openai_compat.routes import (
-    MediaDep,
-    RegistryDep,
-    SettingsDep,
     body_openapi,
-    json_body,
+    media_of,
+    read_body,
+    ready_registry,
+    settings_of,
     validation_failure,
 )
 from openai_compat.routes.classify import classify_payload
@@ -52,11 +50,9 @@ def _check_not_empty(items: list[str], param: str) -> None:
     responses=ERROR_RESPONSES,
     openapi_extra=body_openapi(TutorialEmbedRequest),
 )
-async def embed(
-    body: Annotated[TutorialEmbedRequest, Depends(json_body(TutorialEmbedRequest))],
-    registry: RegistryDep,
-    settings: SettingsDep,
-) -> Response:
+async def embed(request: Request) -> Response:
+    registry, settings = ready_registry(request), settings_of(request)
+    body = await read_body(request, TutorialEmbedRequest)
     entry = registry.by_index(body.model_index)
     registry.require(entry.name, "embed")
     _check_not_empty(body.sentences, "sentences")
@@ -77,16 +73,13 @@ async def embed(
     responses=ERROR_RESPONSES,
     openapi_extra=body_openapi(TutorialImageEmbedRequest),
 )
-async def image_embed(
-    body: Annotated[TutorialImageEmbedRequest, Depends(json_body(TutorialImageEmbedRequest))],
-    registry: RegistryDep,
-    settings: SettingsDep,
-    media: MediaDep,
-) -> Response:
+async def image_embed(request: Request) -> Response:
+    registry, settings = ready_registry(request), settings_of(request)
+    body = await read_body(request, TutorialImageEmbedRequest)
     entry = registry.by_index(body.model_index)
     registry.require(entry.name, "image")
     _check_not_empty(body.image_urls, "image_urls")
-    result = await embed_media(entry, body.image_urls, "image", settings, media)
+    result = await embed_media(entry, body.image_urls, "image", settings, media_of(request))
     return orjson_response(
         {"embeddings": list(as_matrix(result.vectors)), "usage": result.tokens, "model": entry.name}
     )
@@ -98,11 +91,9 @@ async def image_embed(
     responses=ERROR_RESPONSES,
     openapi_extra=body_openapi(TutorialRerankRequest),
 )
-async def rerank(
-    body: Annotated[TutorialRerankRequest, Depends(json_body(TutorialRerankRequest))],
-    registry: RegistryDep,
-    settings: SettingsDep,
-) -> Response:
+async def rerank(request: Request) -> Response:
+    registry, settings = ready_registry(request), settings_of(request)
+    body = await read_body(request, TutorialRerankRequest)
     entry = registry.by_index(body.model_index)
     registry.require(entry.name, "rerank")
     result = await rerank_texts(entry, body.query, body.docs, settings)
@@ -117,23 +108,10 @@ async def rerank(
     "/classify",
     response_model=TutorialClassifyResponse | ClassifyResponse,
     responses=ERROR_RESPONSES,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "oneOf": [
-                            {"$ref": "#/components/schemas/TutorialClassifyRequest"},
-                            {"$ref": "#/components/schemas/ClassifyRequest"},
-                        ]
-                    }
-                }
-            },
-        }
-    },
+    openapi_extra=body_openapi(TutorialClassifyRequest, ClassifyRequest),
 )
-async def classify(request: Request, registry: RegistryDep, settings: SettingsDep) -> Response:
+async def classify(request: Request) -> Response:
+    registry, settings = ready_registry(request), settings_of(request)
     raw = await request.body()
     try:
         data = orjson.loads(raw or b"null")
