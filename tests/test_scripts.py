@@ -37,3 +37,48 @@ def test_smoke_script_fails_loudly_against_nothing() -> None:
     )
     assert out.returncode == 1
     assert "FAIL  health & ready" in out.stdout
+
+
+def test_bench_short_mode_runs_and_writes_its_outputs(tmp_path: Path) -> None:
+    """The benchmark itself (tiny counts on debugengine): it runs and reports; no speed asserted."""
+    import json
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench.py"),
+            "--models",
+            "debug",
+            "--systems",
+            "ours,infinity,inprocess",
+            "--inputs",
+            "1",
+            "--formats",
+            "float,base64",
+            "--concurrency",
+            "2",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0.2",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[bench] round 1/1" in out.stderr  # progress
+    assert "vs infinity" in out.stdout and "debug/n1/float/text/c2" in out.stdout
+    report = json.loads((tmp_path / "results.json").read_text())
+    systems = {r["system"] for r in report["runs"]}
+    assert systems == {"ours", "infinity", "inprocess"}
+    for run in report["runs"]:
+        assert run["requests"] > 0 and run["errors"] == 0
+        assert run["p50_ms"] > 0
+    ours = [r for r in report["summary"] if r["system"] == "ours"]
+    assert all(r["ours_vs_infinity"].endswith("x") for r in ours)
+    png = (tmp_path / "throughput.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
