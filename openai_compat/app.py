@@ -17,10 +17,19 @@ from openai_compat import __version__, logs
 from openai_compat.errors import install_error_handlers
 from openai_compat.lifecycle import Lifecycle
 from openai_compat.media import MediaFetcher
-from openai_compat.middleware import DrainMiddleware, FastPathMiddleware
+from openai_compat.metrics import Metrics
+from openai_compat.middleware import FastPathMiddleware, GatewayMiddleware
 from openai_compat.protocol import REQUEST_MODELS
 from openai_compat.registry import EngineFailure, Registry, load_models, stop_engines
-from openai_compat.routes import classify, embeddings, health, models, rerank, tutorial
+from openai_compat.routes import (
+    classify,
+    embeddings,
+    health,
+    metrics_route,
+    models,
+    rerank,
+    tutorial,
+)
 from openai_compat.settings import Settings
 
 logger = logging.getLogger("openai_compat")
@@ -83,34 +92,48 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.state.registry = registry
     app.state.lifecycle = lifecycle
     app.state.media = media
+    metrics = Metrics(registry)
+    app.state.metrics = metrics
     install_error_handlers(app)
-    hot = {
-        "/v1/embeddings": embeddings.create_embeddings,
-        "/embeddings": embeddings.create_embeddings,
-    }
-    app.add_middleware(FastPathMiddleware, routes=hot)
-    app.add_middleware(DrainMiddleware, lifecycle=lifecycle)
 
     app.openapi = lambda: custom_openapi(app)  # type: ignore[method-assign]
-    app.include_router(health.router)
-    app.include_router(rerank.router)
-    for router in (models.router, embeddings.router, classify.router):
-        app.include_router(router, prefix="/v1")
-    # The same routes without /v1, for clients configured with a bare base URL.
-    for router in (models.router, embeddings.router):
-        app.include_router(router, include_in_schema=False)
-    # The tutorial's routes; its /classify also takes the /v1/classify request.
-    app.include_router(tutorial.router)
-
+    # (router, prefix, in OpenAPI): the /v1 routes also answer without /v1 for clients
+    # configured with a bare base URL; the tutorial's /classify also takes /v1/classify's body.
+    mounted = [
+        (health.router, "", True),
+        (metrics_route.router, "", True),
+        (rerank.router, "", True),
+        (models.router, "/v1", True),
+        (embeddings.router, "/v1", True),
+        (classify.router, "/v1", True),
+        (models.router, "", False),
+        (embeddings.router, "", False),
+        (tutorial.router, "", True),
+    ]
+    for router, prefix, documented in mounted:
+        app.include_router(router, prefix=prefix, include_in_schema=documented)
+    routes = [
+        (prefix + route.path, route)
+        for router, prefix, _ in mounted
+        for route in router.routes
+        if isinstance(route, APIRoute)
+    ]
     # Every POST handler takes only the Request, so it can be served straight from the fast
     # path; GETs (probes, models, docs) go through the normal router.
     fast = {
-        route.path: route.endpoint
-        for route in app.routes
-        if isinstance(route, APIRoute) and route.methods == {"POST"} and "{" not in route.path
+        path: route.endpoint
+        for path, route in routes
+        if route.methods == {"POST"} and "{" not in path
     }
-    app.add_middleware(FastPathMiddleware, routes=fast)
-    app.add_middleware(DrainMiddleware, lifecycle=lifecycle)  # outermost of ours
+    app.add_middleware(FastPathMiddleware, routes=fast, metrics=metrics)
+    known = frozenset(path for path, _ in routes) | {"/docs", "/redoc", "/openapi.json"}
+    app.add_middleware(  # outermost of ours: ids, auth, limits, draining, metrics, access log
+        GatewayMiddleware,
+        settings=settings,
+        lifecycle=lifecycle,
+        metrics=metrics,
+        known_paths=known,
+    )
     return app
 
 

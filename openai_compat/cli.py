@@ -68,7 +68,7 @@ def serve(settings: Settings) -> int:
     from openai_compat.app import create_app
     from openai_compat.server import DrainingServer
 
-    logs.configure(settings.log_level)
+    logs.configure(settings.log_level, settings.log_format)
     app = create_app(settings)
     server = DrainingServer(app, settings)
     fatal: list[str] = []

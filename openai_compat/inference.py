@@ -80,7 +80,7 @@ class EmbedResult:
 async def embed_texts(entry: ModelEntry, texts: Sequence[str], settings: Settings) -> EmbedResult:
     """Embed texts; usage counts the model's own tokens after truncation."""
     truncate = truncate_for(entry, settings)
-    with engine_errors():
+    with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
         if entry.counter is None or (truncate and not settings.count_tokens):
             vectors, usage = await entry.engine.embed(list(texts))
             return EmbedResult(vectors, int(usage))
@@ -106,15 +106,21 @@ async def embed_media(
     check_count(len(items), settings.max_media_items, "input", "media items")
     replica = getattr(entry.engine, "_model_replicas", [None])[0]
     rate = getattr(replica, "sampling_rate", None) if modality == "audio" else None
-    payloads = await fetcher.fetch_all(items, modality, rate)
-    with engine_errors():
-        if modality == "image":
-            vectors, _ = await entry.engine.image_embed(images=payloads)
-        else:
-            vectors, _ = await entry.engine.audio_embed(audios=payloads)
+    with entry.admit(len(items), settings.max_queued_inputs):
+        payloads = await fetcher.fetch_all(items, modality, rate)
+        with engine_errors():
+            vectors = await _media_engine_call(entry, modality, payloads)
     # infinity-emb counts characters of an internal repr for media; report what the model
     # sees instead: patches per image for a ViT, and no tokens for audio.
     return EmbedResult(vectors, entry.image_tokens * len(items) if modality == "image" else 0)
+
+
+async def _media_engine_call(entry: ModelEntry, modality: Modality, payloads: list[Any]) -> Any:
+    if modality == "image":
+        vectors, _ = await entry.engine.image_embed(images=payloads)
+    else:
+        vectors, _ = await entry.engine.audio_embed(audios=payloads)
+    return vectors
 
 
 def check_dimensions(dimensions: int | None, entry: ModelEntry) -> None:
@@ -204,11 +210,14 @@ async def rerank_texts(
                 f"'max_tokens_per_doc' must be at least 1, got {max_tokens_per_doc}.",
                 param="max_tokens_per_doc",
             )
-        if entry.counter is not None:
+        # A cap at or above the model's own maximum changes nothing (and huge values would
+        # overflow the tokenizer's limits).
+        cap_matters = entry.max_length is None or max_tokens_per_doc < entry.max_length
+        if entry.counter is not None and cap_matters and max_tokens_per_doc < 2**31:
             docs = await entry.counter.truncate_texts(docs, max_tokens_per_doc)
     if "embed" in entry.engine.capabilities:
         return await _cosine_rerank(entry, query, docs, settings)
-    with engine_errors():
+    with entry.admit(len(docs), settings.max_queued_inputs), engine_errors():
         if entry.counter is None:
             results, usage = await entry.engine.rerank(query=query, docs=docs)
             tokens = int(usage)
@@ -257,7 +266,7 @@ async def classify_texts(
     if entry.counter is not None and not truncate:
         # Refuse over-long input before spending engine time on it.
         tokens = await entry.counter.usage(texts, truncate=False)
-    with engine_errors():
+    with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
         if raw_scores:
             raw = await _raw_logits(entry, texts)
             engine_usage = 0

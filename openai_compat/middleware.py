@@ -1,66 +1,227 @@
-"""Pure ASGI middleware around every route: in-flight accounting and refusal while draining."""
+"""Pure ASGI middleware: the gateway in front of every route, and the POST fast path.
+
+Gateway, per HTTP request: request id (honoured or made, echoed), API-key check, body size
+limit, refusal while draining, in-flight accounting, metrics and one access-log line.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_compat.errors import (
     APIError,
+    PayloadTooLarge,
     ServiceUnavailable,
+    Unauthorized,
     api_error_response,
     validation_error_response,
 )
 from openai_compat.lifecycle import Lifecycle
+from openai_compat.metrics import Metrics
+from openai_compat.settings import Settings
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
-# Probes and scrapes stay answerable while draining and are not counted as work.
-PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})
+access_logger = logging.getLogger("openai_compat.access")
+
+# Probes stay answerable while draining, need no key and are not counted as work.
+PROBE_PATHS = frozenset({"/health", "/ready"})
+DOC_PATHS = frozenset({"/metrics", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"})
+CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 
 
-class DrainMiddleware:
-    """Counts requests in flight; once draining, refuses new work with 503 at once."""
+def route_label(path: str, known: frozenset[str]) -> str:
+    """A bounded label for metrics: the route template, never a raw client path."""
+    if path in known:
+        return path
+    if path.startswith(("/v1/models/", "/models/")):
+        return path[: path.index("/models/") + 8] + "{model_id}"
+    return "unmatched"
 
-    def __init__(self, app: ASGIApp, lifecycle: Lifecycle) -> None:
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+def _request_id(scope: Scope) -> str:
+    given = _header(scope, b"x-request-id")
+    if given and len(given) <= 128 and given.isascii():
+        text = given.decode()
+        if text.isprintable():
+            return text
+    return uuid.uuid4().hex
+
+
+class GatewayMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        settings: Settings,
+        lifecycle: Lifecycle,
+        metrics: Metrics,
+        known_paths: frozenset[str],
+    ) -> None:
         self.app = app
         self.lifecycle = lifecycle
+        self.metrics = metrics
+        self.known = known_paths
+        self.keys = [k.encode() for k in settings.api_key]
+        protect = settings.protect_docs_and_metrics
+        self.open_paths = PROBE_PATHS if protect else PROBE_PATHS | DOC_PATHS
+        self.max_body = settings.max_body_bytes
+        self.access_log = settings.access_log
+
+    def _authorized(self, scope: Scope) -> bool:
+        header = _header(scope, b"authorization") or b""
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"bearer":
+            token = b""
+        token = token.strip()
+        ok = False
+        for key in self.keys:  # every key compared, in constant time each
+            ok |= hmac.compare_digest(token, key)
+        return ok
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PROBE_PATHS:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        lifecycle = self.lifecycle
-        if lifecycle.phase == "draining":
-            response = api_error_response(
-                ServiceUnavailable(
-                    lifecycle.unavailable_message(),
-                    code="draining",
-                    headers={"Retry-After": "1", "Connection": "close"},
-                )
-            )
-            await response(scope, receive, send)
+        start = time.perf_counter()
+        path: str = scope["path"]
+        request_id = _request_id(scope)
+        state: dict[str, Any] = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        status_box = [500]
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_box[0] = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        refusal = self._refuse(scope, path)
+        if refusal is not None:
+            reason, error = refusal
+            self.metrics.rejected.labels(reason).inc()
+            await api_error_response(error)(scope, receive, send_with_id)
+            self._record(scope, path, status_box[0], start)
             return
-        lifecycle.inflight += 1
+
+        counted = path not in PROBE_PATHS
+        if counted:
+            self.lifecycle.inflight += 1
+            self.metrics.in_flight.inc()
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, self._limited(receive), send_with_id)
+        except PayloadTooLarge as exc:  # a chunked body outgrew the limit mid-stream
+            self.metrics.rejected.labels("too_large").inc()
+            await api_error_response(exc)(scope, receive, send_with_id)
         finally:
-            lifecycle.inflight -= 1
+            if counted:
+                self.lifecycle.inflight -= 1
+                self.metrics.in_flight.dec()
+            status = CLIENT_CLOSED if state.get("cancelled") else status_box[0]
+            self._record(scope, path, status, start)
+
+    def _refuse(self, scope: Scope, path: str) -> tuple[str, APIError] | None:
+        if self.keys and path not in self.open_paths and not self._authorized(scope):
+            return "unauthorized", Unauthorized(
+                "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        length = _header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            return "too_large", self._too_large()
+        if self.lifecycle.phase == "draining" and path not in PROBE_PATHS:
+            return "draining", ServiceUnavailable(
+                self.lifecycle.unavailable_message(),
+                code="draining",
+                headers={"Retry-After": "1", "Connection": "close"},
+            )
+        return None
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"The request body is larger than {self.max_body} bytes.")
+
+    def _limited(self, receive: Receive) -> Receive:
+        seen = 0
+
+        async def wrapped() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise self._too_large()
+            return message
+
+        return wrapped
+
+    def _record(self, scope: Scope, path: str, status: int, start: float) -> None:
+        elapsed = time.perf_counter() - start
+        state = scope["state"]
+        route = route_label(path, self.known)
+        model = state.get("model", "")
+        m = self.metrics
+        m.requests.labels(route, model, str(status)).inc()
+        if status == 429:
+            m.rejected.labels("overloaded").inc()
+        m.latency.labels(route).observe(elapsed)
+        if model and status == 200:
+            m.inputs.labels(model, route).inc(state.get("inputs", 0))
+            m.tokens.labels(model).inc(state.get("tokens", 0))
+        if self.access_log and access_logger.isEnabledFor(logging.INFO):
+            access_logger.info(
+                "%s %s %s %.1fms",
+                scope["method"],
+                path,
+                status,
+                elapsed * 1000,
+                extra={
+                    "request_id": state.get("request_id"),
+                    "method": scope["method"],
+                    "route": route,
+                    "model": model or None,
+                    "inputs": state.get("inputs"),
+                    "tokens": state.get("tokens"),
+                    "status": status,
+                    "latency_ms": round(elapsed * 1000, 2),
+                },
+            )
 
 
 class FastPathMiddleware:
-    """Serves the hottest POST routes straight from their handlers, skipping the framework's
-    router, exception and exit-stack layers (a measurable share of a small request's CPU).
-    The same handlers stay registered as normal routes for OpenAPI; errors render exactly as
-    the app's handlers do, and anything unexpected propagates to the app's 500 handler."""
+    """Serves the POST routes straight from their handlers, skipping the framework's router,
+    exception and exit-stack layers (a measurable share of a small request's CPU). The same
+    handlers stay registered as normal routes for OpenAPI; errors render exactly as the app's
+    handlers do, and anything unexpected propagates to the app's 500 handler.
 
-    def __init__(self, app: ASGIApp, routes: Mapping[str, Endpoint]) -> None:
+    While a handler runs, the client's connection is watched: if it goes away, the handler is
+    cancelled, which drops its queued engine work (infinity-emb skips cancelled items).
+    """
+
+    def __init__(self, app: ASGIApp, routes: Mapping[str, Endpoint], metrics: Metrics) -> None:
         self.app = app
         self.routes = dict(routes)
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = (
@@ -73,9 +234,39 @@ class FastPathMiddleware:
             return
         request = Request(scope, receive)
         try:
-            response = await endpoint(request)
+            await request.body()  # read fully first: afterwards receive() only reports disconnect
+            response = await self._until_disconnect(endpoint, request)
         except APIError as exc:
             response = api_error_response(exc)
         except RequestValidationError as exc:
             response = validation_error_response(exc)
+        if response is None:
+            scope["state"]["cancelled"] = True
+            self.metrics.cancelled.labels(scope["path"]).inc()
+            return
         await response(scope, receive, send)
+
+    @staticmethod
+    async def _until_disconnect(endpoint: Endpoint, request: Request) -> Response | None:
+        handler = asyncio.ensure_future(endpoint(request))
+        watcher = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            handler.cancel()
+            raise
+        finally:
+            watcher.cancel()
+        if handler.done():
+            return handler.result()
+        handler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await handler
+        return None
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

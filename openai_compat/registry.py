@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from openai_compat.errors import BadRequest, ModelNotFound
+from openai_compat.errors import BadRequest, ModelNotFound, RateLimited
 from openai_compat.settings import ModelConfig, check_unique_names
 from openai_compat.tokens import (
     Cl100kDecoder,
@@ -51,6 +52,8 @@ class ModelEntry:
     counter: TokenCounter | None = None
     token_decoder: Any | None = None  # Cl100kDecoder | ModelTokenIdDecoder | None
     image_tokens: int = 0  # tokens one image is to the model (ViT patches + class token)
+    queued: int = 0  # inputs admitted and not yet answered
+    inflight: int = 0  # requests being served
     created: int = field(default_factory=lambda: int(time.time()))
     load_seconds: float = 0.0
 
@@ -64,6 +67,33 @@ class ModelEntry:
         if "/" in model and not model.startswith(("/", ".", "builtin:")):
             return model.split("/")[0]
         return "openai-compat"
+
+    @contextmanager
+    def admit(self, inputs: int, limit: int) -> Iterator[None]:
+        """Admission control: refuse (429) work that would push the queued inputs past `limit`.
+
+        A request is always admitted onto an idle model, so one larger than the limit can
+        still run; the queue never holds more than `limit` plus one request's inputs.
+        """
+        if limit and self.queued and self.queued + inputs > limit:
+            raise RateLimited(
+                f"Model {self.name!r} has {self.queued} inputs queued (limit {limit}); "
+                "retry shortly.",
+                headers={"Retry-After": "1"},
+            )
+        self.queued += inputs
+        self.inflight += 1
+        try:
+            yield
+        finally:
+            self.queued -= inputs
+            self.inflight -= 1
+
+    def engine_queue(self) -> int:
+        """Items waiting in infinity-emb's batching queue."""
+        handler = getattr(self.engine, "_batch_handler", None)
+        queue = getattr(handler, "_queue_prio", None)
+        return len(queue) if queue is not None else 0
 
     def alive(self) -> bool:
         """False once the engine's batching machinery has died."""

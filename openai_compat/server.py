@@ -32,7 +32,8 @@ class DrainingServer(uvicorn.Server):
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level,
-            access_log=False,
+            log_config=None,  # logging is ours (logs.configure): plain text or JSON
+            access_log=False,  # the gateway writes one richer line per request
             # After the drain, uvicorn itself waits at most this long for stragglers.
             timeout_graceful_shutdown=max(1, int(settings.graceful_timeout)),
             lifespan="on",

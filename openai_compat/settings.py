@@ -91,8 +91,17 @@ def default_served_name(model: str) -> str:
     return model.rstrip("/").split("/")[-1]
 
 
-def _opt(default: Any, help: str, *, cli: bool = True, **kw: Any) -> Any:
-    return Field(default, description=help, json_schema_extra={"cli": cli}, **kw)
+def _opt(
+    default: Any,
+    help: str,
+    *,
+    cli: bool = True,
+    env: tuple[str, ...] = (),
+    secret: bool = False,
+    **kw: Any,
+) -> Any:
+    extra: dict[str, Any] = {"cli": cli, "env": list(env), "secret": secret}
+    return Field(default, description=help, json_schema_extra=extra, **kw)
 
 
 class Settings(BaseModel):
@@ -129,6 +138,28 @@ class Settings(BaseModel):
         "configured providers; off by default, which keeps its per-request checks off the hot "
         "path.",
     )
+    api_key: tuple[str, ...] = _opt(
+        (),
+        "API key clients must send as 'Authorization: Bearer KEY'; repeatable. None: no auth.",
+        env=("OPENAI_COMPAT_API_KEYS",),
+        secret=True,
+    )
+    protect_docs_and_metrics: bool = _opt(
+        False, "Require the API key on /metrics, /docs and /openapi.json too."
+    )
+    max_queued_inputs: int = _opt(
+        8192,
+        "Per model, most inputs admitted and unanswered; past it requests get 429 with "
+        "Retry-After at once (0: unbounded).",
+        ge=0,
+    )
+    max_body_bytes: int = _opt(
+        64 * 1024 * 1024, "Largest request body in bytes; larger ones get 413.", ge=1
+    )
+    log_format: Literal["text", "json"] = _opt(
+        "text", "Log lines as text or as JSON objects (one per line)."
+    )
+    access_log: bool = _opt(True, "One log line per request (at info level).")
     count_tokens: bool = _opt(
         True,
         "Count usage with each model's own tokenizer (exact, after truncation); off reports "
@@ -231,7 +262,8 @@ def from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     """OPENAI_COMPAT_* variables -> raw values (lists comma-separated, booleans 1/0/true/false)."""
     values: dict[str, Any] = {}
     for name, f in cli_fields().items():
-        raw = environ.get(env_name(name))
+        names = [env_name(name), *((f.json_schema_extra or {}).get("env") or [])]
+        raw = next((environ[n] for n in names if n in environ), None)
         if raw is None:
             continue
         if _is_sequence(f.annotation):

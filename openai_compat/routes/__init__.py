@@ -65,3 +65,11 @@ def body_openapi(*models: type[BaseModel]) -> dict[str, Any]:
     refs = [{"$ref": f"#/components/schemas/{m.__name__}"} for m in models]
     schema = refs[0] if len(refs) == 1 else {"oneOf": refs}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def note(request: Request, model: str, inputs: int, tokens: int) -> None:
+    """What a request did, for the gateway's metrics and access log."""
+    state = request.state
+    state.model = model
+    state.inputs = inputs
+    state.tokens = tokens

@@ -8,7 +8,7 @@ from starlette.responses import Response
 from openai_compat.encoding import orjson_response
 from openai_compat.inference import ClassifyResult, classify_texts
 from openai_compat.protocol import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
-from openai_compat.routes import body_openapi, read_body, ready_registry, settings_of
+from openai_compat.routes import body_openapi, note, read_body, ready_registry, settings_of
 
 router = APIRouter(tags=["classify"])
 
@@ -43,4 +43,5 @@ async def classify(request: Request) -> Response:
     entry = registry.require(body.model, "classify")
     texts = [body.input] if isinstance(body.input, str) else body.input
     result = await classify_texts(entry, texts, settings, raw_scores=bool(body.raw_scores))
+    note(request, entry.name, len(texts), result.tokens)
     return orjson_response(classify_payload(result, body.model))

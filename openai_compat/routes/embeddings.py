@@ -19,6 +19,7 @@ from openai_compat.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingR
 from openai_compat.routes import (
     body_openapi,
     media_of,
+    note,
     read_body,
     ready_registry,
     settings_of,
@@ -52,6 +53,7 @@ async def create_embeddings(request: Request) -> Response:
                 param="input",
             )
         result = await embed_media(entry, items, modality, settings, media_of(request))  # type: ignore[arg-type]
+    note(request, entry.name, len(result.vectors), result.tokens)
     payload = embedding_payload(
         result.vectors,
         fmt=body.encoding_format or "float",

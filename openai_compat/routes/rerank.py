@@ -17,7 +17,7 @@ from openai_compat.protocol import (
     RerankRequestV2,
     RerankResponse,
 )
-from openai_compat.routes import body_openapi, read_body, ready_registry, settings_of
+from openai_compat.routes import body_openapi, note, read_body, ready_registry, settings_of
 
 router = APIRouter(tags=["rerank"])
 
@@ -58,6 +58,7 @@ async def _rerank(request: Request, model: type[RerankRequest], version: str) ->
     result = await rerank_texts(
         entry, body.query, texts, settings, max_tokens_per_doc=body.max_tokens_per_doc
     )
+    note(request, entry.name, len(texts), result.tokens)
     return orjson_response(rerank_payload(body, result, texts, version))
 
 

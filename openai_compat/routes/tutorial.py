@@ -29,6 +29,7 @@ from openai_compat.protocol import (
 from openai_compat.routes import (
     body_openapi,
     media_of,
+    note,
     read_body,
     ready_registry,
     settings_of,
@@ -62,6 +63,7 @@ async def embed(request: Request) -> Response:
             param="sentences",
         )
     result = await embed_texts(entry, body.sentences, settings)
+    note(request, entry.name, len(body.sentences), result.tokens)
     return orjson_response(
         {"embeddings": list(as_matrix(result.vectors)), "usage": result.tokens, "model": entry.name}
     )
@@ -80,6 +82,7 @@ async def image_embed(request: Request) -> Response:
     registry.require(entry.name, "image")
     _check_not_empty(body.image_urls, "image_urls")
     result = await embed_media(entry, body.image_urls, "image", settings, media_of(request))
+    note(request, entry.name, len(body.image_urls), result.tokens)
     return orjson_response(
         {"embeddings": list(as_matrix(result.vectors)), "usage": result.tokens, "model": entry.name}
     )
@@ -97,6 +100,7 @@ async def rerank(request: Request) -> Response:
     entry = registry.by_index(body.model_index)
     registry.require(entry.name, "rerank")
     result = await rerank_texts(entry, body.query, body.docs, settings)
+    note(request, entry.name, len(body.docs), result.tokens)
     rankings = [
         {"index": r.index, "relevance_score": r.score, "document": body.docs[r.index]}
         for r in result.ranked
@@ -125,6 +129,7 @@ async def classify(request: Request) -> Response:
             entry = registry.require(body.model, "classify")
             texts = [body.input] if isinstance(body.input, str) else body.input
             result = await classify_texts(entry, texts, settings, raw_scores=bool(body.raw_scores))
+            note(request, entry.name, len(texts), result.tokens)
             return orjson_response(classify_payload(result, body.model))
         tbody = TutorialClassifyRequest.model_validate(data)
     except ValidationError as exc:
@@ -133,6 +138,7 @@ async def classify(request: Request) -> Response:
     registry.require(entry.name, "classify")
     _check_not_empty(tbody.sentences, "sentences")
     result = await classify_texts(entry, tbody.sentences, settings)
+    note(request, entry.name, len(tbody.sentences), result.tokens)
     classifications = [
         [{"label": label, "score": score} for label, score in labels] for labels in result.labels
     ]

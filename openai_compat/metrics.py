@@ -1,0 +1,107 @@
+"""Prometheus metrics, one registry per app (no process globals): requests by route, model and
+status, latency, inputs and tokens, queued and in-flight work per model, load times."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from openai_compat.registry import Registry
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class _ModelState(Collector):
+    """Read at scrape time from the registry: queued inputs, in-flight requests, engine queue."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        queued = GaugeMetricFamily(
+            "openai_compat_queued_inputs",
+            "Inputs admitted to a model and not yet answered (what --max-queued-inputs bounds).",
+            labels=["model"],
+        )
+        inflight = GaugeMetricFamily(
+            "openai_compat_model_requests_in_flight",
+            "Requests being served by a model.",
+            labels=["model"],
+        )
+        engine_queue = GaugeMetricFamily(
+            "openai_compat_engine_queue_items",
+            "Items waiting in infinity-emb's batching queue (not yet handed to the model).",
+            labels=["model"],
+        )
+        loaded = GaugeMetricFamily(
+            "openai_compat_model_load_seconds", "Seconds the model took to load.", labels=["model"]
+        )
+        for entry in self.registry.entries():
+            queued.add_metric([entry.name], entry.queued)
+            inflight.add_metric([entry.name], entry.inflight)
+            engine_queue.add_metric([entry.name], entry.engine_queue())
+            loaded.add_metric([entry.name], entry.load_seconds)
+        return [queued, inflight, engine_queue, loaded]
+
+
+class Metrics:
+    def __init__(self, registry: Registry) -> None:
+        # `*_created` timestamp series double the output for no use here.
+        disable_created_metrics()
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "openai_compat_requests",
+            "HTTP requests by route, model and status (499: the client went away).",
+            ["route", "model", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "openai_compat_request_duration_seconds",
+            "Request latency by route.",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inputs = Counter(
+            "openai_compat_inputs",
+            "Inputs served, by model and route.",
+            ["model", "route"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "openai_compat_tokens", "Tokens counted in usage, by model.", ["model"], registry=r
+        )
+        self.rejected = Counter(
+            "openai_compat_rejected_requests",
+            "Requests refused before any work: 429 overload, 401 auth, 413 size, 503 draining.",
+            ["reason"],
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "openai_compat_cancelled_requests",
+            "Requests whose client disconnected; their queued work was dropped.",
+            ["route"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "openai_compat_requests_in_flight", "HTTP requests being served.", registry=r
+        )
+        r.register(_ModelState(registry))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
