@@ -50,7 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_settings_flags(serve: argparse.ArgumentParser) -> None:
     for name, field in cli_fields().items():
         annotation = field.annotation
-        help_text = f"{field.description} [env: {env_name(name)}; default: {field.default!r}]"
+        extra = field.json_schema_extra or {}
+        envs = " or ".join([env_name(name), *extra.get("env", [])])
+        default = "none" if extra.get("secret") else repr(field.default)
+        help_text = f"{field.description} [env: {envs}; default: {default}]"
         kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
         origin = typing.get_origin(annotation)
         if origin is tuple:
