@@ -381,7 +381,9 @@ def plan(args: argparse.Namespace) -> list[Scenario]:
                         continue  # one token-id variant per size is enough
                     for c in args.concurrency:
                         out.append(Scenario(model, n, fmt, kind, c))
-        if args.memory_inputs:
+        if args.memory_inputs and (model == "debug" or args.full):
+            # peak memory with the largest requests (on a real model only in the full sweep:
+            # 4 x 2048 inputs take longer than a short run)
             out.append(Scenario(model, args.memory_inputs, "float", "text", 4))
     return out
 
