@@ -1,0 +1,89 @@
+"""Multi-vector (late-interaction) embeddings on the wire, end to end.
+
+infinity-emb returns one vector per token for ColBERT-style text models. ColPali needs
+colpali-engine, which requires transformers 5 and torchvision (neither fits beside
+infinity-emb 0.0.78 here), so the multi-vector wire format is exercised with a ColBERT-style
+model made offline: the packaged MiniLM, declared as a ColBERT architecture.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.utils import RemoteServer
+
+pytestmark = pytest.mark.slow
+TEXT = "A man is eating food."
+
+
+@pytest.fixture(scope="module")
+def colbert_path(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> Path:
+    out = tmp_path_factory.mktemp("colbert") / "mini-colbert"
+    shutil.copytree(minilm_path, out)
+    config = json.loads((out / "config.json").read_text())
+    config["architectures"] = ["HF_ColBERT"]
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.fixture(scope="module")
+def colbert_server(colbert_path: Path) -> Iterator[RemoteServer]:
+    with RemoteServer(["--model", f"colbert={colbert_path}"]) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def token_vectors(colbert_path: Path) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(colbert_path), device="cpu")
+    return np.asarray(st.encode(TEXT, output_value="token_embeddings"), dtype=np.float32)
+
+
+def test_float_items_are_lists_of_vectors_with_their_shape(
+    colbert_server: RemoteServer, token_vectors: np.ndarray
+) -> None:
+    body = httpx.post(
+        colbert_server.base_url + "/embeddings",
+        json={"model": "colbert", "input": [TEXT, "hi"]},
+    ).json()
+    first = body["data"][0]
+    assert first["shape"] == list(token_vectors.shape)  # [tokens incl. CLS/SEP, 384]
+    got = np.asarray(first["embedding"], dtype=np.float32)
+    assert np.max(np.abs(got - token_vectors)) < 1e-4
+    assert body["data"][1]["shape"][0] == 3  # [CLS] hi [SEP]
+
+
+def test_base64_items_are_concatenated_rows(
+    colbert_server: RemoteServer, token_vectors: np.ndarray
+) -> None:
+    body = httpx.post(
+        colbert_server.base_url + "/embeddings",
+        json={"model": "colbert", "input": TEXT, "encoding_format": "base64"},
+    ).json()
+    item = body["data"][0]
+    rows = np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4").reshape(item["shape"])
+    assert np.max(np.abs(rows - token_vectors)) < 1e-4
+    cut = httpx.post(
+        colbert_server.base_url + "/embeddings",
+        json={"model": "colbert", "input": TEXT, "dimensions": 8},
+    ).json()["data"][0]
+    assert cut["shape"] == [token_vectors.shape[0], 8]
+    norms = np.linalg.norm(np.asarray(cut["embedding"]), axis=1)
+    np.testing.assert_allclose(norms, 1.0, atol=1e-5)
+
+
+def test_openai_sdk_reads_multivector_float_responses(colbert_server: RemoteServer) -> None:
+    client = openai.OpenAI(base_url=colbert_server.base_url, api_key="unused", max_retries=0)
+    resp = client.embeddings.create(model="colbert", input=TEXT, encoding_format="float")
+    vectors = resp.data[0].embedding
+    assert isinstance(vectors, list) and len(vectors[0]) == 384  # type: ignore[arg-type]
