@@ -138,7 +138,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 
 
 def custom_openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema plus the request models that routes parse themselves (json_body)."""
+    """FastAPI's schema plus the request models that routes parse themselves (read_body)."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(
