@@ -104,8 +104,7 @@ async def embed_media(
 ) -> EmbedResult:
     """Embed images or audio given as http(s) URLs or data: URIs (fetched safely first)."""
     check_count(len(items), settings.max_media_items, "input", "media items")
-    replica = getattr(entry.engine, "_model_replicas", [None])[0]
-    rate = getattr(replica, "sampling_rate", None) if modality == "audio" else None
+    rate = entry.sampling_rate if modality == "audio" else None
     with entry.admit(len(items), settings.max_queued_inputs):
         payloads = await fetcher.fetch_all(items, modality, rate)
         with engine_errors():
@@ -215,7 +214,7 @@ async def rerank_texts(
         cap_matters = entry.max_length is None or max_tokens_per_doc < entry.max_length
         if entry.counter is not None and cap_matters and max_tokens_per_doc < 2**31:
             docs = await entry.counter.truncate_texts(docs, max_tokens_per_doc)
-    if "embed" in entry.engine.capabilities:
+    if entry.cosine_rerank:
         return await _cosine_rerank(entry, query, docs, settings)
     with entry.admit(len(docs), settings.max_queued_inputs), engine_errors():
         if entry.counter is None:
@@ -287,7 +286,7 @@ async def _raw_logits(entry: ModelEntry, texts: list[str]) -> list[list[dict[str
 
     This runs beside the dynamic batcher (in a worker thread), not through it.
     """
-    pipe = getattr(getattr(entry.engine, "_model_replicas", [None])[0], "_pipe", None)
+    pipe = getattr(entry.replica, "_pipe", None)
     if pipe is None:
         raise BadRequest(f"Model {entry.name!r} cannot return raw scores.", param="raw_scores")
 

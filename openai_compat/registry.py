@@ -51,7 +51,10 @@ class ModelEntry:
     max_length: int | None = None
     counter: TokenCounter | None = None
     token_decoder: Any | None = None  # Cl100kDecoder | ModelTokenIdDecoder | None
+    replica: Any = None  # the engine's model object (tokenizer, pipeline, sampling rate)
     image_tokens: int = 0  # tokens one image is to the model (ViT patches + class token)
+    sampling_rate: int | None = None  # what audio inputs must be sampled at
+    cosine_rerank: bool = False  # reranks by embedding similarity (no cross-encoder)
     queued: int = 0  # inputs admitted and not yet answered
     inflight: int = 0  # requests being served
     created: int = field(default_factory=lambda: int(time.time()))
@@ -162,8 +165,9 @@ class Registry:
             )
         return entry
 
-    def by_index(self, index: int, param: str = "model_index") -> ModelEntry:
+    def by_index(self, index: int, capability: Capability) -> ModelEntry:
         """The tutorial's routes pick models by position in the configured list."""
+        param = "model_index"
         if not 0 <= index < len(self._order):
             raise BadRequest(
                 f"{param} {index} is out of range: {len(self._order)} model(s) are served "
@@ -171,7 +175,7 @@ class Registry:
                 param=param,
                 code="invalid_model_index",
             )
-        return self._entries[self._order[index]]
+        return self.require(self._order[index], capability)
 
 
 _VERB: dict[str, str] = {
@@ -208,7 +212,7 @@ def engine_args(config: ModelConfig) -> Any:
     return EngineArgs(**options)
 
 
-def _replica(engine: Any) -> Any:
+def replica_of(engine: Any) -> Any:
     replicas = getattr(engine, "_model_replicas", None) or [None]
     return replicas[0]
 
@@ -222,7 +226,7 @@ def create_engine(config: ModelConfig) -> Any:
     except (KeyError, ValueError, TypeError) as exc:
         raise EngineFailure(f"model {config.served_name!r}: invalid engine options: {exc}") from exc
     engine = AsyncEmbeddingEngine.from_args(args)
-    replica = _replica(engine)
+    replica = replica_of(engine)
     if config.max_length is not None:
         for attr in ("max_seq_length", "max_length"):
             if hasattr(replica, attr):
@@ -237,7 +241,8 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
     if "embed" in caps:
         # Cosine similarity of embeddings gives every text-embedding model a rerank ability.
         caps = caps | {"rerank"}
-    replica = _replica(engine)
+    native = set(engine.capabilities)
+    replica = replica_of(engine)
     backend = backend_tokenizer(replica)
     max_length = config.max_length or model_max_length(replica, backend)
     counter = TokenCounter(backend, max_length) if backend is not None else None
@@ -258,7 +263,10 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         max_length=max_length,
         counter=counter,
         token_decoder=decoder,
+        replica=replica,
         image_tokens=_image_tokens(replica) if "image" in caps else 0,
+        sampling_rate=getattr(replica, "sampling_rate", None) if "audio" in caps else None,
+        cosine_rerank="embed" in native,
     )
 
 

@@ -110,6 +110,10 @@ class TokenCounter:
         self._tok = Tokenizer.from_str(tokenizer.to_str())
         self._tok.no_padding()
         self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        # An untruncated twin, built once (not per request): for cutting documents at a
+        # client's token cap and for the exact length in error messages.
+        self._plain = Tokenizer.from_str(self._tok.to_str())
+        self._plain.no_truncation()
         if max_length:
             # One past the limit: enough to tell "too long" without tokenizing whole documents.
             self._tok.enable_truncation(max_length + 1)
@@ -144,30 +148,19 @@ class TokenCounter:
 
     async def truncate_texts(self, texts: Sequence[str], max_tokens: int) -> list[str]:
         """Cut each text after its first `max_tokens` tokens, at the original characters."""
-        from tokenizers import Tokenizer
 
         def cut() -> list[str]:
-            tok = Tokenizer.from_str(self._tok.to_str())
-            tok.enable_truncation(max_tokens)
-            out = []
-            for text, enc in zip(
-                texts, tok.encode_batch(list(texts), add_special_tokens=False), strict=True
-            ):
-                if len(enc.ids) < max_tokens or not enc.offsets:
-                    out.append(text)
-                else:
-                    out.append(text[: enc.offsets[-1][1]])
-            return out
+            encodings = self._plain.encode_batch(list(texts), add_special_tokens=False)
+            return [
+                text[: enc.offsets[max_tokens - 1][1]] if len(enc.ids) > max_tokens else text
+                for text, enc in zip(texts, encodings, strict=True)
+            ]
 
         return await asyncio.to_thread(cut)
 
     def full_length(self, text: str) -> int:
         """Untruncated token count of one text, for error messages."""
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_str(self._tok.to_str())
-        tok.no_truncation()
-        return len(tok.encode(text).ids)
+        return len(self._plain.encode(text).ids)
 
     async def usage(self, texts: Sequence[str], *, truncate: bool, param: str = "input") -> int:
         """Total tokens after truncation; with truncate=False an over-long text is a 400."""

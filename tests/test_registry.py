@@ -57,9 +57,9 @@ def test_duplicates_are_refused() -> None:
 
 
 def test_by_index_follows_config_order(registry: Registry) -> None:
-    assert registry.by_index(1).name == "reranker"
+    assert registry.by_index(1, "rerank").name == "reranker"
     with pytest.raises(BadRequest) as info:
-        registry.by_index(2)
+        registry.by_index(2, "rerank")
     assert info.value.param == "model_index" and "0=emb" in info.value.message
 
 

@@ -12,8 +12,14 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from openai_compat.encoding import as_matrix, orjson_response
-from openai_compat.errors import BadRequest
-from openai_compat.inference import classify_texts, embed_media, embed_texts, rerank_texts
+from openai_compat.inference import (
+    EmbedResult,
+    check_count,
+    classify_texts,
+    embed_media,
+    embed_texts,
+    rerank_texts,
+)
 from openai_compat.protocol import (
     ERROR_RESPONSES,
     ClassifyRequest,
@@ -26,6 +32,7 @@ from openai_compat.protocol import (
     TutorialRerankRequest,
     TutorialRerankResponse,
 )
+from openai_compat.registry import ModelEntry
 from openai_compat.routes import (
     body_openapi,
     media_of,
@@ -40,9 +47,9 @@ from openai_compat.routes.classify import classify_payload
 router = APIRouter(tags=["tutorial"])
 
 
-def _check_not_empty(items: list[str], param: str) -> None:
-    if not items:
-        raise BadRequest(f"'{param}' must not be empty.", param=param, code="empty_input")
+def _embeddings(entry: ModelEntry, result: EmbedResult) -> Response:
+    embeddings = list(as_matrix(result.vectors))
+    return orjson_response({"embeddings": embeddings, "usage": result.tokens, "model": entry.name})
 
 
 @router.post(
@@ -54,19 +61,11 @@ def _check_not_empty(items: list[str], param: str) -> None:
 async def embed(request: Request) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, TutorialEmbedRequest)
-    entry = registry.by_index(body.model_index)
-    registry.require(entry.name, "embed")
-    _check_not_empty(body.sentences, "sentences")
-    if len(body.sentences) > settings.max_inputs_per_request:
-        raise BadRequest(
-            f"Too many sentences: at most {settings.max_inputs_per_request} per request.",
-            param="sentences",
-        )
+    entry = registry.by_index(body.model_index, "embed")
+    check_count(len(body.sentences), settings.max_inputs_per_request, "sentences", "sentences")
     result = await embed_texts(entry, body.sentences, settings)
     note(request, entry.name, len(body.sentences), result.tokens)
-    return orjson_response(
-        {"embeddings": list(as_matrix(result.vectors)), "usage": result.tokens, "model": entry.name}
-    )
+    return _embeddings(entry, result)
 
 
 @router.post(
@@ -78,14 +77,11 @@ async def embed(request: Request) -> Response:
 async def image_embed(request: Request) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, TutorialImageEmbedRequest)
-    entry = registry.by_index(body.model_index)
-    registry.require(entry.name, "image")
-    _check_not_empty(body.image_urls, "image_urls")
+    entry = registry.by_index(body.model_index, "image")
+    check_count(len(body.image_urls), settings.max_media_items, "image_urls", "media items")
     result = await embed_media(entry, body.image_urls, "image", settings, media_of(request))
     note(request, entry.name, len(body.image_urls), result.tokens)
-    return orjson_response(
-        {"embeddings": list(as_matrix(result.vectors)), "usage": result.tokens, "model": entry.name}
-    )
+    return _embeddings(entry, result)
 
 
 @router.post(
@@ -97,8 +93,7 @@ async def image_embed(request: Request) -> Response:
 async def rerank(request: Request) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, TutorialRerankRequest)
-    entry = registry.by_index(body.model_index)
-    registry.require(entry.name, "rerank")
+    entry = registry.by_index(body.model_index, "rerank")
     result = await rerank_texts(entry, body.query, body.docs, settings)
     note(request, entry.name, len(body.docs), result.tokens)
     rankings = [
@@ -134,9 +129,8 @@ async def classify(request: Request) -> Response:
         tbody = TutorialClassifyRequest.model_validate(data)
     except ValidationError as exc:
         raise validation_failure(exc) from None
-    entry = registry.by_index(tbody.model_index)
-    registry.require(entry.name, "classify")
-    _check_not_empty(tbody.sentences, "sentences")
+    entry = registry.by_index(tbody.model_index, "classify")
+    check_count(len(tbody.sentences), settings.max_inputs_per_request, "sentences", "sentences")
     result = await classify_texts(entry, tbody.sentences, settings)
     note(request, entry.name, len(tbody.sentences), result.tokens)
     classifications = [
