@@ -14,6 +14,8 @@ import numpy as np
 import orjson
 from starlette.responses import Response
 
+from openai_compat.errors import ModelOutputError
+
 EncodingFormat = Literal["float", "base64"]
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
@@ -21,7 +23,17 @@ _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 def as_matrix(vectors: Sequence[Any]) -> np.ndarray:
     """One C-contiguous little-endian float32 matrix from the engine's list of 1-D arrays."""
-    return np.ascontiguousarray(np.stack(vectors), dtype="<f4")
+    return finite(np.ascontiguousarray(np.stack(vectors), dtype="<f4"))
+
+
+def finite(matrix: np.ndarray) -> np.ndarray:
+    """Vectors leave the server only as real numbers: orjson would write NaN as null."""
+    if not np.isfinite(matrix).all():
+        raise ModelOutputError(
+            "The model produced non-finite numbers (NaN or infinity) for this request; its "
+            "weights or dtype may be broken."
+        )
+    return matrix
 
 
 def truncate_dimensions(matrix: np.ndarray, dimensions: int | None) -> np.ndarray:
@@ -46,7 +58,7 @@ def encode_rows(matrix: np.ndarray, fmt: EncodingFormat) -> list[Any]:
 
 def encode_multivector(item: np.ndarray, fmt: EncodingFormat) -> Any:
     """A (vectors x dimensions) item: a list of float rows, or all rows' bytes in one base64."""
-    item = np.ascontiguousarray(item, dtype="<f4")
+    item = finite(np.ascontiguousarray(item, dtype="<f4"))
     if fmt == "float":
         return list(item)
     return base64.b64encode(item.tobytes()).decode("ascii")

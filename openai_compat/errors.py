@@ -72,6 +72,14 @@ class RateLimited(APIError):
     default_code = "rate_limit_exceeded"
 
 
+class ModelOutputError(APIError):
+    """The model answered with numbers that cannot be sent (NaN, infinity): a server fault."""
+
+    status = 500
+    type = "server_error"
+    default_code = "non_finite_output"
+
+
 class ServiceUnavailable(APIError):
     status = 503
     type = "service_unavailable"

@@ -11,10 +11,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from openai_compat.errors import BadRequest
+import numpy as np
+
+from openai_compat.errors import BadRequest, ModelOutputError
 from openai_compat.media import MediaFetcher, Modality
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
+from openai_compat.tokens import Names, field_names, input_names, too_long_error
+
+# Token ids beyond this many per request are decoded in a worker thread, off the event loop.
+_INLINE_IDS = 8192
 
 
 @contextmanager
@@ -48,23 +54,34 @@ def check_count(n: int, limit: int, param: str, what: str = "inputs") -> None:
         )
 
 
-def texts_from_input(raw: str | list[Any], entry: ModelEntry, settings: Settings) -> list[str]:
-    """OpenAI's four input forms -> texts, token ids decoded as the model is configured."""
+async def texts_from_input(
+    raw: str | Sequence[Any], entry: ModelEntry, settings: Settings
+) -> list[str]:
+    """OpenAI's four input forms -> texts, token ids decoded as the model is configured.
+
+    One array of token ids is ONE input (as OpenAI reads it), however many ids it holds.
+    """
     if isinstance(raw, str):
         return [raw]
-    check_count(len(raw), settings.max_inputs_per_request, "input")
+    if len(raw) == 0:
+        check_count(0, settings.max_inputs_per_request, "input")
     first = raw[0]
     if isinstance(first, str):
-        return raw
-    batches = [raw] if isinstance(first, int) else raw
-    if entry.token_decoder is None:
+        check_count(len(raw), settings.max_inputs_per_request, "input")
+        return list(raw)
+    single = isinstance(raw, np.ndarray) or isinstance(first, int | np.integer)
+    batches: Sequence[Any] = [raw] if single else raw
+    check_count(len(batches), settings.max_inputs_per_request, "input")
+    decoder = entry.token_decoder
+    if decoder is None:
         raise BadRequest(
             f"Model {entry.name!r} does not accept token ids; send text.",
             param="input",
             code="token_ids_not_supported",
         )
-    texts: list[str] = entry.token_decoder.decode(batches)
-    return texts
+    if sum(len(b) for b in batches) <= _INLINE_IDS:
+        return list(decoder.decode(batches))
+    return list(await asyncio.to_thread(decoder.decode, batches))
 
 
 def truncate_for(entry: ModelEntry, settings: Settings) -> bool:
@@ -77,20 +94,23 @@ class EmbedResult:
     tokens: int
 
 
-async def embed_texts(entry: ModelEntry, texts: Sequence[str], settings: Settings) -> EmbedResult:
+async def embed_texts(
+    entry: ModelEntry, texts: Sequence[str], settings: Settings, names: Names = input_names
+) -> EmbedResult:
     """Embed texts; usage counts the model's own tokens after truncation."""
     truncate = truncate_for(entry, settings)
+    counter = entry.counter
     with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
-        if entry.counter is None or (truncate and not settings.count_tokens):
+        if counter is None or (truncate and not settings.count_tokens):
             vectors, usage = await entry.engine.embed(list(texts))
             return EmbedResult(vectors, int(usage))
         if not truncate:
             # Refuse over-long input before spending engine time on it.
-            tokens = await entry.counter.usage(texts, truncate=False)
+            tokens = await counter.usage(texts, truncate=False, names=names)
             vectors, _ = await entry.engine.embed(list(texts))
             return EmbedResult(vectors, tokens)
         tokens, (vectors, _) = await asyncio.gather(
-            entry.counter.usage(texts, truncate=True), entry.engine.embed(list(texts))
+            counter.usage(texts, truncate=True), entry.engine.embed(list(texts))
         )
         return EmbedResult(vectors, tokens)
 
@@ -196,13 +216,14 @@ async def rerank_texts(
     settings: Settings,
     *,
     max_tokens_per_doc: int | None = None,
+    docs_param: str = "documents",
 ) -> RerankResult:
     """Score every document against the query: best first, scores in [0, 1].
 
     A cross-encoder ranks with its own sigmoid scores. A model that can only embed ranks by the
     cosine similarity of query and document embeddings, mapped to [0, 1] as (cos + 1) / 2.
     """
-    check_count(len(docs), settings.max_rerank_documents, "documents", "documents")
+    check_count(len(docs), settings.max_rerank_documents, docs_param, "documents")
     if max_tokens_per_doc is not None:
         if max_tokens_per_doc < 1:
             raise BadRequest(
@@ -215,28 +236,46 @@ async def rerank_texts(
         if entry.counter is not None and cap_matters and max_tokens_per_doc < 2**31:
             docs = await entry.counter.truncate_texts(docs, max_tokens_per_doc)
     if entry.cosine_rerank:
-        return await _cosine_rerank(entry, query, docs, settings)
+        return await _cosine_rerank(entry, query, docs, settings, docs_param)
+    counter = entry.counter
     with entry.admit(len(docs), settings.max_queued_inputs), engine_errors():
-        if entry.counter is None:
+        if counter is None:
             results, usage = await entry.engine.rerank(query=query, docs=docs)
             tokens = int(usage)
         else:
+            if not truncate_for(entry, settings):
+                await _refuse_long_pairs(entry, query, docs, docs_param)
             tokens, (results, _) = await asyncio.gather(
-                entry.counter.pair_usage(query, docs),
-                entry.engine.rerank(query=query, docs=docs),
+                counter.pair_usage(query, docs), entry.engine.rerank(query=query, docs=docs)
             )
     ranked = [RankedDocument(r.index, float(r.relevance_score)) for r in results]
+    finite_scores(entry, [r.score for r in ranked])
     ranked.sort(key=lambda r: (-r.score, r.index))
     return RerankResult(ranked, tokens)
 
 
-async def _cosine_rerank(
-    entry: ModelEntry, query: str, docs: list[str], settings: Settings
-) -> RerankResult:
-    import numpy as np
+async def _refuse_long_pairs(entry: ModelEntry, query: str, docs: list[str], param: str) -> None:
+    counter, limit = entry.counter, entry.max_length
+    if counter is None or limit is None:
+        return
+    lengths = await counter.pair_lengths(query, docs)
+    too_long = np.flatnonzero(lengths > limit)
+    if too_long.size:
+        i = int(too_long[0])
+        full = await asyncio.to_thread(counter.full_length, query)
+        full += await asyncio.to_thread(counter.full_length, docs[i])
+        raise too_long_error((param, f"{param}[{i}]"), full, limit)
 
-    result = await embed_texts(entry, [query, *docs], settings)
+
+async def _cosine_rerank(
+    entry: ModelEntry, query: str, docs: list[str], settings: Settings, docs_param: str
+) -> RerankResult:
+    def names(i: int) -> tuple[str, str]:
+        return ("query", "query") if i == 0 else (docs_param, f"{docs_param}[{i - 1}]")
+
+    result = await embed_texts(entry, [query, *docs], settings, names)
     matrix = np.stack(result.vectors).astype(np.float32)
+    finite_scores(entry, matrix)
     norms = np.linalg.norm(matrix, axis=1)
     np.maximum(norms, np.finfo(np.float32).tiny, out=norms)
     cos = (matrix[1:] @ matrix[0]) / (norms[1:] * norms[0])
@@ -244,6 +283,15 @@ async def _cosine_rerank(
     order = np.lexsort((np.arange(len(docs)), -scores))
     ranked = [RankedDocument(int(i), float(scores[i])) for i in order]
     return RerankResult(ranked, result.tokens)
+
+
+def finite_scores(entry: ModelEntry, values: Any) -> None:
+    """A broken model (an fp16 overflow, say) gives NaN or inf: never send those as numbers."""
+    if not np.isfinite(np.asarray(values, dtype=np.float64)).all():
+        raise ModelOutputError(
+            f"Model {entry.name!r} produced non-finite numbers (NaN or infinity) for this "
+            "request; its weights or dtype may be broken."
+        )
 
 
 # ---------------------------------------------------------------- classify
@@ -256,18 +304,27 @@ class ClassifyResult:
 
 
 async def classify_texts(
-    entry: ModelEntry, texts: list[str], settings: Settings, *, raw_scores: bool = False
+    entry: ModelEntry,
+    texts: list[str],
+    settings: Settings,
+    *,
+    raw_scores: bool = False,
+    param: str = "input",
 ) -> ClassifyResult:
     """Label distributions, best first; raw_scores gives the model's logits."""
-    check_count(len(texts), settings.max_inputs_per_request, "input")
+    check_count(len(texts), settings.max_inputs_per_request, param)
     truncate = truncate_for(entry, settings)
     tokens: int | None = None
     if entry.counter is not None and not truncate:
         # Refuse over-long input before spending engine time on it.
-        tokens = await entry.counter.usage(texts, truncate=False)
+        tokens = await entry.counter.usage(texts, truncate=False, names=field_names(param))
     with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
         if raw_scores:
-            raw = await _raw_logits(entry, texts)
+            if entry.logits is None:
+                raise BadRequest(
+                    f"Model {entry.name!r} cannot return raw scores.", param="raw_scores"
+                )
+            raw = await entry.logits.logits(texts)
             engine_usage = 0
         else:
             raw, engine_usage = await entry.engine.classify(sentences=texts)
@@ -278,20 +335,5 @@ async def classify_texts(
         sorted(((str(d["label"]), float(d["score"])) for d in item), key=lambda p: -p[1])
         for item in raw
     ]
+    finite_scores(entry, [score for item in labels for _, score in item])
     return ClassifyResult(labels, tokens)
-
-
-async def _raw_logits(entry: ModelEntry, texts: list[str]) -> list[list[dict[str, Any]]]:
-    """infinity-emb's classify always applies softmax; logits come from its pipeline directly.
-
-    This runs beside the dynamic batcher (in a worker thread), not through it.
-    """
-    pipe = getattr(entry.replica, "_pipe", None)
-    if pipe is None:
-        raise BadRequest(f"Model {entry.name!r} cannot return raw scores.", param="raw_scores")
-
-    def run() -> list[list[dict[str, Any]]]:
-        out = pipe(texts, top_k=None, function_to_apply="none", truncation=True, padding=True)
-        return [o if isinstance(o, list) else [o] for o in out]
-
-    return await asyncio.to_thread(run)

@@ -12,15 +12,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from openai_compat.engine import adapter
 from openai_compat.errors import BadRequest, ModelNotFound, RateLimited
 from openai_compat.settings import ModelConfig, check_unique_names
-from openai_compat.tokens import (
-    Cl100kDecoder,
-    ModelTokenIdDecoder,
-    TokenCounter,
-    backend_tokenizer,
-    model_max_length,
-)
+from openai_compat.tokens import Cl100kDecoder, ModelTokenIdDecoder, TokenCounter
 
 logger = logging.getLogger("openai_compat")
 
@@ -51,7 +46,8 @@ class ModelEntry:
     max_length: int | None = None
     counter: TokenCounter | None = None
     token_decoder: Any | None = None  # Cl100kDecoder | ModelTokenIdDecoder | None
-    replica: Any = None  # the engine's model object (tokenizer, pipeline, sampling rate)
+    logits: adapter.LogitsRunner | None = None  # raw classification logits (classifiers)
+    multivector: bool = False  # one vector per token (ColBERT-style), not one per input
     image_tokens: int = 0  # tokens one image is to the model (ViT patches + class token)
     sampling_rate: int | None = None  # what audio inputs must be sampled at
     cosine_rerank: bool = False  # reranks by embedding similarity (no cross-encoder)
@@ -94,17 +90,11 @@ class ModelEntry:
 
     def engine_queue(self) -> int:
         """Items waiting in infinity-emb's batching queue."""
-        handler = getattr(self.engine, "_batch_handler", None)
-        queue = getattr(handler, "_queue_prio", None)
-        return len(queue) if queue is not None else 0
+        return adapter.queue_length(self.engine)
 
     def alive(self) -> bool:
         """False once the engine's batching machinery has died."""
-        if not getattr(self.engine, "is_running", False):
-            return False
-        handler = getattr(self.engine, "_batch_handler", None)
-        push = getattr(handler, "_push_task", None)
-        return not (push is not None and push.done())
+        return adapter.batcher_alive(self.engine)
 
 
 class Registry:
@@ -158,8 +148,9 @@ class Registry:
         entry = self.resolve(name)
         if capability not in entry.capabilities:
             can = ", ".join(sorted(entry.capabilities)) or "nothing"
+            kind = " (a multi-vector model: one vector per token)" if entry.multivector else ""
             raise BadRequest(
-                f"Model {name!r} cannot {_VERB[capability]}; it can: {can}.",
+                f"Model {name!r}{kind} cannot {_VERB[capability]}; it can: {can}.",
                 param="model",
                 code="model_not_supported",
             )
@@ -212,11 +203,6 @@ def engine_args(config: ModelConfig) -> Any:
     return EngineArgs(**options)
 
 
-def replica_of(engine: Any) -> Any:
-    replicas = getattr(engine, "_model_replicas", None) or [None]
-    return replicas[0]
-
-
 def create_engine(config: ModelConfig) -> Any:
     """Build (load weights of) one infinity-emb engine. Blocking: run it in a thread."""
     from infinity_emb import AsyncEmbeddingEngine
@@ -226,25 +212,23 @@ def create_engine(config: ModelConfig) -> Any:
     except (KeyError, ValueError, TypeError) as exc:
         raise EngineFailure(f"model {config.served_name!r}: invalid engine options: {exc}") from exc
     engine = AsyncEmbeddingEngine.from_args(args)
-    replica = replica_of(engine)
-    if config.max_length is not None:
-        for attr in ("max_seq_length", "max_length"):
-            if hasattr(replica, attr):
-                setattr(replica, attr, config.max_length)
-                break
+    try:
+        adapter.apply_max_length(adapter.replica_of(engine), config.max_length)
+    except ValueError as exc:
+        raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
     return engine
 
 
 async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | None) -> ModelEntry:
-    """Inspect a started engine: capabilities, size, tokenizer, max length."""
+    """Inspect a started engine: capabilities, size, tokenizer, the limit it applies."""
+    problems = adapter.contract_problems(engine)
+    if problems:
+        raise EngineFailure("; ".join(problems))
     caps = frozenset(_CAPABILITIES[c] for c in engine.capabilities if c in _CAPABILITIES)
-    if "embed" in caps:
-        # Cosine similarity of embeddings gives every text-embedding model a rerank ability.
-        caps = caps | {"rerank"}
     native = set(engine.capabilities)
-    replica = replica_of(engine)
-    backend = backend_tokenizer(replica)
-    max_length = config.max_length or model_max_length(replica, backend)
+    replica = adapter.replica_of(engine)
+    backend = adapter.backend_tokenizer(replica)
+    max_length = adapter.applied_max_length(replica)
     counter = TokenCounter(backend, max_length) if backend is not None else None
     decoder: Any | None = None
     if config.token_ids == "cl100k_base":
@@ -252,9 +236,15 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
     elif config.token_ids == "model" and backend is not None:
         decoder = ModelTokenIdDecoder(backend)
     dimensions = None
+    multivector = False
     if "embed" in caps:
         vectors, _ = await engine.embed(["dimension probe"])
-        dimensions = int(np.asarray(vectors[0]).shape[-1])
+        probe = np.asarray(vectors[0])
+        dimensions = int(probe.shape[-1])
+        multivector = probe.ndim == 2
+        if not multivector:
+            # Cosine similarity of embeddings gives every single-vector model a rerank ability.
+            caps = caps | {"rerank"}
     return ModelEntry(
         config=config,
         engine=engine,
@@ -263,22 +253,12 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         max_length=max_length,
         counter=counter,
         token_decoder=decoder,
-        replica=replica,
-        image_tokens=_image_tokens(replica) if "image" in caps else 0,
-        sampling_rate=getattr(replica, "sampling_rate", None) if "audio" in caps else None,
-        cosine_rerank="embed" in native,
+        logits=adapter.LogitsRunner.for_replica(replica, config.served_name),
+        multivector=multivector,
+        image_tokens=adapter.image_tokens(replica) if "image" in caps else 0,
+        sampling_rate=adapter.sampling_rate(replica) if "audio" in caps else None,
+        cosine_rerank="embed" in native and "rerank" in caps,
     )
-
-
-def _image_tokens(replica: Any) -> int:
-    """A ViT sees (image_size / patch_size)^2 patches plus a class token."""
-    vision = getattr(
-        getattr(getattr(replica, "model", None), "config", None), "vision_config", None
-    )
-    size, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
-    if isinstance(size, int) and isinstance(patch, int) and patch > 0:
-        return (size // patch) ** 2 + 1
-    return 0
 
 
 async def load_models(registry: Registry) -> None:
@@ -317,5 +297,8 @@ async def stop_engines(registry: Registry) -> None:
         return
     from infinity_emb import AsyncEngineArray
 
+    for entry in registry.entries():
+        if entry.logits is not None:
+            entry.logits.close()
     engines, registry.engines = registry.engines, []
     await AsyncEngineArray(engines=engines).astop()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,6 +14,18 @@ from openai_compat.errors import BadRequest
 # it, tokenizing on the event loop stalls it (the tokenizer releases the GIL and the loop then
 # waits to get it back from the engine threads), measured at ~8% of throughput at 16 inputs.
 _INLINE_CHARS = 512
+
+
+# Which request field the i-th text came from, as the client named it: (param, label).
+Names = Callable[[int], tuple[str, str]]
+
+
+def field_names(param: str) -> Names:
+    """Texts that are the items of one list field: ('documents', 'documents[3]')."""
+    return lambda i: (param, f"{param}[{i}]")
+
+
+input_names = field_names("input")
 
 
 class Cl100kDecoder:
@@ -73,32 +85,6 @@ class ModelTokenIdDecoder:
         return list(self._tok.decode_batch([list(b) for b in batches], skip_special_tokens=True))
 
 
-def backend_tokenizer(replica: Any) -> Any | None:
-    """The fast (Rust) tokenizer the model itself uses, found on an infinity-emb replica."""
-    candidates = [
-        getattr(replica, "_infinity_tokenizer", None),
-        getattr(replica, "tokenizer", None),
-        getattr(getattr(replica, "processor", None), "tokenizer", None),
-    ]
-    for tok in candidates:
-        backend = getattr(tok, "backend_tokenizer", None)
-        if backend is not None:
-            return backend
-    return None
-
-
-def model_max_length(replica: Any, tokenizer: Any | None) -> int | None:
-    for attr in ("max_seq_length", "max_length"):
-        value = getattr(replica, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    hf_tok = getattr(replica, "_infinity_tokenizer", None) or getattr(replica, "tokenizer", None)
-    value = getattr(hf_tok, "model_max_length", None)
-    if isinstance(value, int) and 0 < value < 1_000_000:
-        return value
-    return None
-
-
 class TokenCounter:
     """Counts tokens as the model sees them (special tokens included, after truncation)."""
 
@@ -134,17 +120,10 @@ class TokenCounter:
 
     async def pair_usage(self, query: str, docs: Sequence[str]) -> int:
         """Tokens of (query, document) pairs as a cross-encoder sees them, after truncation."""
-
-        def count() -> int:
-            encodings = self._tok.encode_batch([(query, d) for d in docs])
-            lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64)
-            if self.max_length:
-                lengths = np.minimum(lengths, self.max_length)
-            return int(lengths.sum())
-
-        if len(query) * len(docs) + sum(len(d) for d in docs) <= _INLINE_CHARS:
-            return count()
-        return await asyncio.to_thread(count)
+        lengths = await self.pair_lengths(query, docs)
+        if self.max_length:
+            lengths = np.minimum(lengths, self.max_length)
+        return int(lengths.sum())
 
     async def truncate_texts(self, texts: Sequence[str], max_tokens: int) -> list[str]:
         """Cut each text after its first `max_tokens` tokens, at the original characters."""
@@ -159,21 +138,41 @@ class TokenCounter:
         return await asyncio.to_thread(cut)
 
     def full_length(self, text: str) -> int:
-        """Untruncated token count of one text, for error messages."""
+        """Untruncated token count of one text, for error messages (blocking: run in a thread)."""
         return len(self._plain.encode(text).ids)
 
-    async def usage(self, texts: Sequence[str], *, truncate: bool, param: str = "input") -> int:
-        """Total tokens after truncation; with truncate=False an over-long text is a 400."""
+    async def pair_lengths(self, query: str, docs: Sequence[str]) -> np.ndarray:
+        """Tokens of each (query, document) pair, capped at max_length + 1."""
+
+        def count() -> np.ndarray:
+            encodings = self._tok.encode_batch([(query, d) for d in docs])
+            return np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(docs))
+
+        if len(query) * len(docs) + sum(len(d) for d in docs) <= _INLINE_CHARS:
+            return count()
+        return await asyncio.to_thread(count)
+
+    async def usage(
+        self, texts: Sequence[str], *, truncate: bool, names: Names = input_names
+    ) -> int:
+        """Total tokens after truncation; with truncate=False an over-long text is a 400 that
+        names the client's own field (`names(i)` -> (param, label))."""
         lengths = await self.lengths(texts)
         if self.max_length is None:
             return int(lengths.sum())
         too_long = np.flatnonzero(lengths > self.max_length)
         if too_long.size and not truncate:
             i = int(too_long[0])
-            raise BadRequest(
-                f"{param}[{i}] is {self.full_length(texts[i])} tokens long; this model takes at "
-                f"most {self.max_length}. Shorten it, or let the server truncate.",
-                param=param,
-                code="input_too_long",
-            )
+            full = await asyncio.to_thread(self.full_length, texts[i])
+            raise too_long_error(names(i), full, self.max_length)
         return int(np.minimum(lengths, self.max_length).sum())
+
+
+def too_long_error(name: tuple[str, str], tokens: int, limit: int) -> BadRequest:
+    param, label = name
+    return BadRequest(
+        f"{label}: {tokens} tokens, more than the {limit} this model takes. Shorten it, or "
+        "let the server truncate.",
+        param=param,
+        code="input_too_long",
+    )

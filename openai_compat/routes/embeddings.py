@@ -43,7 +43,7 @@ async def create_embeddings(request: Request) -> Response:
     check_dimensions(body.dimensions, entry)
     result: EmbedResult
     if modality == "text":
-        texts = texts_from_input(body.input, entry, settings)
+        texts = await texts_from_input(body.input, entry, settings)
         result = await embed_texts(entry, texts, settings)
     else:
         items = [body.input] if isinstance(body.input, str) else body.input

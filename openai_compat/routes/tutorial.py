@@ -43,6 +43,7 @@ from openai_compat.routes import (
     validation_failure,
 )
 from openai_compat.routes.classify import classify_payload
+from openai_compat.tokens import field_names
 
 router = APIRouter(tags=["tutorial"])
 
@@ -63,7 +64,7 @@ async def embed(request: Request) -> Response:
     body = await read_body(request, TutorialEmbedRequest)
     entry = registry.by_index(body.model_index, "embed")
     check_count(len(body.sentences), settings.max_inputs_per_request, "sentences", "sentences")
-    result = await embed_texts(entry, body.sentences, settings)
+    result = await embed_texts(entry, body.sentences, settings, field_names("sentences"))
     note(request, entry.name, len(body.sentences), result.tokens)
     return _embeddings(entry, result)
 
@@ -94,7 +95,7 @@ async def rerank(request: Request) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, TutorialRerankRequest)
     entry = registry.by_index(body.model_index, "rerank")
-    result = await rerank_texts(entry, body.query, body.docs, settings)
+    result = await rerank_texts(entry, body.query, body.docs, settings, docs_param="docs")
     note(request, entry.name, len(body.docs), result.tokens)
     rankings = [
         {"index": r.index, "relevance_score": r.score, "document": body.docs[r.index]}
@@ -130,8 +131,7 @@ async def classify(request: Request) -> Response:
     except ValidationError as exc:
         raise validation_failure(exc) from None
     entry = registry.by_index(tbody.model_index, "classify")
-    check_count(len(tbody.sentences), settings.max_inputs_per_request, "sentences", "sentences")
-    result = await classify_texts(entry, tbody.sentences, settings)
+    result = await classify_texts(entry, tbody.sentences, settings, param="sentences")
     note(request, entry.name, len(tbody.sentences), result.tokens)
     classifications = [
         [{"label": label, "score": score} for label, score in labels] for labels in result.labels

@@ -1,0 +1,262 @@
+"""The one module that knows infinity-emb's internals (0.0.78).
+
+Everything the server needs beyond infinity-emb's public API (its model replicas, batching
+queue and push task, tokenizers, classification pipeline, where each model kind applies its
+token limit) is read here and nowhere else. When an engine release moves an attribute,
+`contract_problems` names it and loading fails loudly instead of degrading silently; the
+contract test runs the same checks against the installed release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["embedder", "crossencoder", "classifier", "clip", "clap", "other"]
+
+# Class names of infinity-emb's torch replicas -> what kind of model they hold.
+_KINDS: dict[str, Kind] = {
+    "SentenceTransformerPatched": "embedder",
+    "CrossEncoderPatched": "crossencoder",
+    "SentenceClassifier": "classifier",
+    "TIMM": "clip",
+    "TorchAudioModel": "clap",
+}
+# Tokenizers report this (or larger) when no limit is configured.
+_NO_LIMIT = 1_000_000
+
+
+class EngineContractError(RuntimeError):
+    """infinity-emb no longer has an internal this server relies on."""
+
+
+def _attr(obj: Any, name: str, where: str) -> Any:
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        raise EngineContractError(
+            f"infinity-emb changed: {where}.{name} is gone (openai_compat/engine/adapter.py "
+            "must follow the new release)"
+        ) from None
+
+
+# ---------------------------------------------------------------- engine and batcher
+
+
+def replica_of(engine: Any) -> Any:
+    """The engine's (first) model replica: the object that holds weights and tokenizer."""
+    replicas = _attr(engine, "_model_replicas", "AsyncEmbeddingEngine")
+    if not replicas:
+        raise EngineContractError("infinity-emb changed: the engine has no model replicas")
+    return replicas[0]
+
+
+def queue_length(engine: Any) -> int:
+    """Items waiting in the engine's batching queue (0 before the batcher exists)."""
+    handler = getattr(engine, "_batch_handler", None)
+    if handler is None:
+        return 0
+    return len(_attr(handler, "_queue_prio", "BatchHandler"))
+
+
+def batcher_alive(engine: Any) -> bool:
+    """False once the engine stopped or its result-pushing task died."""
+    if not engine.is_running:
+        return False
+    handler = getattr(engine, "_batch_handler", None)
+    push = getattr(handler, "_push_task", None)
+    return not (push is not None and push.done())
+
+
+def kind_of(replica: Any) -> Kind:
+    return _KINDS.get(type(replica).__name__, "other")
+
+
+# ---------------------------------------------------------------- tokenizers and limits
+
+
+def hf_tokenizer(replica: Any) -> Any | None:
+    """The transformers tokenizer the model applies its limit with."""
+    kind = kind_of(replica)
+    if kind == "embedder":
+        return getattr(replica, "tokenizer", None)
+    if kind == "crossencoder":
+        return _attr(replica, "tokenizer", "CrossEncoderPatched")
+    if kind == "classifier":
+        return _attr(_attr(replica, "_pipe", "SentenceClassifier"), "tokenizer", "pipeline")
+    if kind in ("clip", "clap"):
+        return getattr(_attr(replica, "processor", type(replica).__name__), "tokenizer", None)
+    return getattr(replica, "_infinity_tokenizer", None) or getattr(replica, "tokenizer", None)
+
+
+def backend_tokenizer(replica: Any) -> Any | None:
+    """The fast (Rust) tokenizer behind the model's own tokenizer, for counting."""
+    backend = getattr(hf_tokenizer(replica), "backend_tokenizer", None)
+    if backend is None:  # debug or other engines: any tokenizer the replica carries
+        for attr in ("_infinity_tokenizer", "tokenizer"):
+            backend = getattr(getattr(replica, attr, None), "backend_tokenizer", None)
+            if backend is not None:
+                break
+    return backend
+
+
+def _torch_model(replica: Any) -> Any | None:
+    kind = kind_of(replica)
+    if kind == "embedder":
+        first = replica[0] if len(replica) else None
+        return getattr(first, "auto_model", None)
+    if kind == "classifier":
+        return _attr(replica, "_pipe", "SentenceClassifier").model
+    return getattr(replica, "model", None)
+
+
+def position_limit(replica: Any) -> int | None:
+    """The most tokens the model's (text) encoder can take at all."""
+    model = _torch_model(replica)
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", None) or config
+    positions = getattr(text, "max_position_embeddings", None)
+    model_type = str(getattr(text, "model_type", ""))
+    if isinstance(positions, int) and ("roberta" in model_type or model_type == "clap_text_model"):
+        # RoBERTa-style position ids start after the padding index: two fewer usable slots.
+        positions -= int(getattr(text, "pad_token_id", 1) or 1) + 1
+    tok_limit = getattr(hf_tokenizer(replica), "model_max_length", None)
+    limits = [v for v in (positions, tok_limit) if isinstance(v, int) and 0 < v < _NO_LIMIT]
+    return min(limits) if limits else None
+
+
+def applied_max_length(replica: Any) -> int | None:
+    """The token limit the engine really truncates each input to."""
+    kind = kind_of(replica)
+    if kind == "embedder":
+        value = replica.max_seq_length
+    elif kind in ("crossencoder", "classifier"):
+        # infinity-emb calls these tokenizers with truncation and no max_length.
+        value = getattr(hf_tokenizer(replica), "model_max_length", None)
+    elif kind in ("clip", "clap"):
+        value = _attr(replica, "max_length", type(replica).__name__)
+    else:
+        return None
+    return value if isinstance(value, int) and 0 < value < _NO_LIMIT else None
+
+
+def apply_max_length(replica: Any, max_length: int | None) -> int | None:
+    """Make the engine truncate at `max_length` (default: the model's own limit).
+
+    Returns the limit now applied. Raises ValueError where it cannot be applied.
+    """
+    kind = kind_of(replica)
+    ceiling = position_limit(replica)
+    if max_length is not None and ceiling is not None and max_length > ceiling:
+        raise ValueError(f"max_length {max_length} is more than this model takes ({ceiling})")
+    if kind == "embedder":
+        if max_length is not None:
+            replica.max_seq_length = max_length
+    elif kind in ("crossencoder", "classifier"):
+        limit = max_length or ceiling
+        if limit is not None:
+            for tok in (hf_tokenizer(replica), getattr(replica, "_infinity_tokenizer", None)):
+                if tok is not None:
+                    tok.model_max_length = limit
+    elif kind in ("clip", "clap"):
+        # infinity-emb reads `config.max_length`, which for these models is transformers'
+        # generation default (20), not the text encoder's limit: texts would be cut at 20.
+        limit = max_length or ceiling
+        if limit is not None:
+            replica.max_length = limit
+    elif max_length is not None:
+        raise ValueError(
+            f"max_length cannot be applied to a {type(replica).__name__} model; remove it"
+        )
+    return applied_max_length(replica)
+
+
+# ---------------------------------------------------------------- media models
+
+
+def image_tokens(replica: Any) -> int:
+    """Tokens one image is to a ViT: (image_size / patch_size)^2 patches plus a class token."""
+    config = getattr(getattr(replica, "model", None), "config", None)
+    vision = getattr(config, "vision_config", None)
+    size, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
+    if isinstance(size, int) and isinstance(patch, int) and patch > 0:
+        return (size // patch) ** 2 + 1
+    return 0
+
+
+def sampling_rate(replica: Any) -> int | None:
+    rate = getattr(replica, "sampling_rate", None)
+    return rate if isinstance(rate, int) else None
+
+
+# ---------------------------------------------------------------- classification logits
+
+
+@dataclass
+class LogitsRunner:
+    """Raw classification logits, beside the batcher (infinity-emb's classify always applies
+    softmax). One bounded executor per model, so this work cannot starve the shared thread
+    pool (token counting, DNS, media decoding); chunked, so a cancelled request stops at the
+    next chunk instead of running to the end."""
+
+    pipe: Any
+    executor: concurrent.futures.ThreadPoolExecutor
+    chunk: int = 32
+
+    @classmethod
+    def for_replica(cls, replica: Any, name: str) -> LogitsRunner | None:
+        if kind_of(replica) != "classifier":
+            return None
+        pipe = _attr(replica, "_pipe", "SentenceClassifier")
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"logits-{name}")
+        return cls(pipe, pool)
+
+    def _run(self, texts: Sequence[str], stop: threading.Event) -> list[list[dict[str, Any]]]:
+        out: list[list[dict[str, Any]]] = []
+        for start in range(0, len(texts), self.chunk):
+            if stop.is_set():
+                break
+            part = list(texts[start : start + self.chunk])
+            rows = self.pipe(part, top_k=None, function_to_apply="none", truncation=True)
+            out += [r if isinstance(r, list) else [r] for r in rows]
+        return out
+
+    async def logits(self, texts: Sequence[str]) -> list[list[dict[str, Any]]]:
+        stop = threading.Event()
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.executor, self._run, texts, stop)
+        except asyncio.CancelledError:
+            stop.set()  # the running chunk finishes; no further chunk starts
+            raise
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+# ---------------------------------------------------------------- the contract
+
+
+def contract_problems(engine: Any) -> list[str]:
+    """Every internal this module reads, checked on a started engine; [] when all are there."""
+    problems = []
+    for check in (
+        lambda: replica_of(engine),
+        lambda: queue_length(engine),
+        lambda: hf_tokenizer(replica_of(engine)),
+        lambda: applied_max_length(replica_of(engine)),
+    ):
+        try:
+            check()
+        except EngineContractError as exc:
+            problems.append(str(exc))
+        except AttributeError as exc:
+            problems.append(f"infinity-emb changed: {exc}")
+    handler = getattr(engine, "_batch_handler", None)
+    if handler is not None and not hasattr(handler, "_push_task"):
+        problems.append("infinity-emb changed: BatchHandler._push_task is gone")
+    return problems
