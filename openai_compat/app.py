@@ -61,6 +61,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         allow_private=settings.allow_private_media_urls,
         max_bytes=settings.max_media_bytes,
         timeout=settings.media_fetch_timeout,
+        max_pixels=settings.max_media_pixels,
+        max_audio_seconds=settings.max_audio_seconds,
     )
 
     @contextlib.asynccontextmanager

@@ -3,9 +3,12 @@
 User URLs are an attack surface (SSRF). By default a URL whose host resolves to a loopback,
 private, link-local, multicast, reserved or unspecified address is refused: the check runs on
 the addresses the connection will actually use (a resolver that filters them, so DNS
-rebinding cannot slip between check and connect), on IP literals, and again on every
-redirect, which are followed by hand. Each item has a size cap and the whole fetch a time
-limit; every failure is a 400 that names the input's index.
+rebinding cannot slip between check and connect), on IP literals in every spelling the system
+resolver accepts (`127.1`, `2130706433`, `0x7f.1`, `0177.0.0.1`, IPv4 inside IPv6), and again
+on every redirect, which are followed by hand. Each item has a byte cap, images a pixel cap
+checked before decoding and audio a duration cap; one deadline covers a whole fetch with its
+redirects. Items of a request are fetched and decoded as one task group: when one fails, the
+others are cancelled. Every failure is a 400 that names the input's index.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import concurrent.futures
+import functools
 import io
 import ipaddress
 import socket
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urljoin, urlsplit
 
@@ -31,6 +37,9 @@ Modality = Literal["image", "audio"]
 _REDIRECTS = {301, 302, 303, 307, 308}
 _MAX_REDIRECTS = 5
 _CHUNK = 64 * 1024
+_DNS_TTL = 30  # seconds a resolved (and checked) name is reused
+# IPv6 prefixes that carry an IPv4 address in their last 32 bits (NAT64, well-known and local).
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 
 
 class MediaError(BadRequest):
@@ -47,11 +56,49 @@ class RefusedAddress(OSError):
         self.address = address
 
 
+def canonical_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a host string means to the system resolver, or None for a name.
+
+    `ipaddress` accepts only canonical literals, but getaddrinfo and most HTTP clients also
+    read inet_aton's forms: `127.1`, `2130706433`, `0x7f.0.0.1`, `0177.0.0.1`.
+    """
+    host = host.strip("[]").split("%", 1)[0]
+    if host.endswith(".") and not host.endswith(".."):
+        host = host[:-1]  # a fully qualified numeric name resolves like the bare one
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    if not host or ":" in host or not all(c.isalnum() or c == "." for c in host):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """IPv4 addresses an IPv6 address routes to: mapped, compatible, 6to4, Teredo, NAT64."""
+    found = [a for a in (ip.ipv4_mapped, ip.sixtofour) if a is not None]
+    if ip.teredo is not None:
+        found += list(ip.teredo)
+    packed = int(ip)
+    if packed >> 32 == 0 and packed > 1:  # ::a.b.c.d (deprecated IPv4-compatible form)
+        found.append(ipaddress.IPv4Address(packed))
+    if any(ip in net for net in _NAT64):
+        found.append(ipaddress.IPv4Address(packed & 0xFFFFFFFF))
+    return found
+
+
 def is_public_address(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return bool(ip.is_global) and not ip.is_multicast and not ip.is_reserved
+    ip = canonical_ip(address)
+    if ip is None:
+        raise ValueError(f"{address!r} is not an IP address")
+    candidates: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [ip]
+    if isinstance(ip, ipaddress.IPv6Address):
+        # A translation prefix routes to its IPv4 address: judge that one.
+        candidates = list(_embedded_ipv4(ip)) or candidates
+    return all(a.is_global and not a.is_multicast and not a.is_reserved for a in candidates)
 
 
 class GuardedResolver(AbstractResolver):
@@ -89,22 +136,43 @@ def _refusal(exc: BaseException) -> RefusedAddress | None:
     return None
 
 
+@dataclass(frozen=True)
+class MediaLimits:
+    max_bytes: int
+    max_pixels: int
+    max_audio_seconds: float
+
+
 class MediaFetcher:
-    """One per app: a pooled HTTP client plus the fetch rules from the settings."""
+    """One per app: a pooled HTTP client, a decoding pool, and the fetch rules from settings."""
 
     def __init__(
-        self, *, allow_private: bool, max_bytes: int, timeout: float, concurrency: int = 16
+        self,
+        *,
+        allow_private: bool,
+        max_bytes: int,
+        timeout: float,
+        max_pixels: int = 16_777_216,
+        max_audio_seconds: float = 60.0,
+        concurrency: int = 16,
+        decoders: int = 2,
     ) -> None:
         self.allow_private = allow_private
         self.max_bytes = max_bytes
         self.timeout = timeout
+        self.limits = MediaLimits(max_bytes, max_pixels, max_audio_seconds)
         self._limit = asyncio.Semaphore(concurrency)
         self._session: aiohttp.ClientSession | None = None
+        # Decoding has a pool of its own: big images cannot starve the shared thread pool
+        # (DNS lookups, token counting) and the decoders in flight stay bounded.
+        self._decoders = concurrent.futures.ThreadPoolExecutor(
+            decoders, thread_name_prefix="media-decode"
+        )
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(
-                resolver=GuardedResolver(self.allow_private), limit=64, ttl_dns_cache=None
+                resolver=GuardedResolver(self.allow_private), limit=64, ttl_dns_cache=_DNS_TTL
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
@@ -116,16 +184,22 @@ class MediaFetcher:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+        self._decoders.shutdown(wait=False, cancel_futures=True)
 
     async def fetch_all(
         self, items: Sequence[str], modality: Modality, sampling_rate: int | None = None
     ) -> list[Any]:
-        """Every item fetched and decoded concurrently; the first failure is a 400."""
-        return list(
-            await asyncio.gather(
-                *(self._one(i, item, modality, sampling_rate) for i, item in enumerate(items))
-            )
-        )
+        """Every item fetched and decoded concurrently; the first failure is a 400 and cancels
+        the other items' fetches and pending decodes."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [
+                    group.create_task(self._one(i, item, modality, sampling_rate))
+                    for i, item in enumerate(items)
+                ]
+        except BaseExceptionGroup as failed:
+            raise _first_error(failed) from None
+        return [t.result() for t in tasks]
 
     async def _one(
         self, index: int, item: str, modality: Modality, sampling_rate: int | None
@@ -135,7 +209,8 @@ class MediaFetcher:
         else:
             async with self._limit:
                 raw = await self._download(index, item)
-        return await asyncio.to_thread(_decode, index, raw, modality, sampling_rate)
+        decode = functools.partial(_decode, index, raw, modality, sampling_rate, self.limits)
+        return await asyncio.get_running_loop().run_in_executor(self._decoders, decode)
 
     def _data_uri(self, index: int, uri: str) -> bytes:
         header, sep, payload = uri[5:].partition(",")
@@ -152,43 +227,28 @@ class MediaFetcher:
         return raw
 
     def _check_url(self, index: int, url: str) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise MediaError(index, "media must be an http(s) URL or a data: URI")
-        host = parts.hostname
         try:
-            ipaddress.ip_address(host.split("%", 1)[0])
-        except ValueError:
+            parts = urlsplit(url)
+            scheme, host = parts.scheme, parts.hostname
+        except ValueError:  # e.g. an invalid IPv6 literal
+            scheme, host = "", None
+        if scheme not in ("http", "https") or not host:
+            raise MediaError(index, "media must be an http(s) URL or a data: URI")
+        ip = canonical_ip(host)
+        if ip is None:
             return  # a name: the resolver checks what it resolves to
-        if not self.allow_private and not is_public_address(host):
+        if not self.allow_private and not is_public_address(str(ip)):
             raise MediaError(
-                index, f"{host} is not a public address; refusing to fetch", "refused_address"
+                index,
+                f"{host} is {ip}, not a public address; refusing to fetch",
+                "refused_address",
             )
 
     async def _download(self, index: int, url: str) -> bytes:
-        session = self._client()
         try:
-            for _ in range(_MAX_REDIRECTS + 1):
-                self._check_url(index, url)
-                async with session.get(url, allow_redirects=False) as resp:
-                    if resp.status in _REDIRECTS and "Location" in resp.headers:
-                        url = urljoin(url, resp.headers["Location"])
-                        continue
-                    if resp.status != 200:
-                        raise MediaError(index, f"fetching the URL answered HTTP {resp.status}")
-                    if resp.content_length is not None and resp.content_length > self.max_bytes:
-                        raise MediaError(
-                            index, f"media is larger than {self.max_bytes} bytes", "too_large"
-                        )
-                    data = bytearray()
-                    async for chunk in resp.content.iter_chunked(_CHUNK):
-                        data += chunk
-                        if len(data) > self.max_bytes:
-                            raise MediaError(
-                                index, f"media is larger than {self.max_bytes} bytes", "too_large"
-                            )
-                    return bytes(data)
-            raise MediaError(index, f"more than {_MAX_REDIRECTS} redirects")
+            # One deadline for the whole fetch: every redirect hop shares it.
+            async with asyncio.timeout(self.timeout):
+                return await self._follow(index, url)
         except MediaError:
             raise
         except TimeoutError:
@@ -203,14 +263,58 @@ class MediaFetcher:
                 index, f"the URL could not be fetched ({type(exc).__name__})"
             ) from None
 
+    async def _follow(self, index: int, url: str) -> bytes:
+        for _ in range(_MAX_REDIRECTS + 1):
+            self._check_url(index, url)
+            async with self._client().get(url, allow_redirects=False) as resp:
+                if resp.status in _REDIRECTS and "Location" in resp.headers:
+                    url = urljoin(url, resp.headers["Location"])
+                    continue
+                if resp.status != 200:
+                    raise MediaError(index, f"fetching the URL answered HTTP {resp.status}")
+                if resp.content_length is not None and resp.content_length > self.max_bytes:
+                    raise MediaError(
+                        index, f"media is larger than {self.max_bytes} bytes", "too_large"
+                    )
+                data = bytearray()
+                async for chunk in resp.content.iter_chunked(_CHUNK):
+                    data += chunk
+                    if len(data) > self.max_bytes:
+                        raise MediaError(
+                            index, f"media is larger than {self.max_bytes} bytes", "too_large"
+                        )
+                return bytes(data)
+        raise MediaError(index, f"more than {_MAX_REDIRECTS} redirects")
 
-def _decode(index: int, raw: bytes, modality: Modality, sampling_rate: int | None) -> Any:
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    """The error that failed a task group (the siblings were cancelled because of it)."""
+    first = group.exceptions[0]
+    return _first_error(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+def _too_many_pixels(size: tuple[int, int] | None, limits: MediaLimits) -> str:
+    dims = f"{size[0]}x{size[1]} pixels" if size else "larger than Pillow's own limit"
+    return f"the image is {dims}; at most {limits.max_pixels} pixels are decoded"
+
+
+def _decode(
+    index: int, raw: bytes, modality: Modality, sampling_rate: int | None, limits: MediaLimits
+) -> Any:
     """Validate (and for images, decode) media before it reaches the engine."""
     if modality == "image":
         from PIL import Image
 
         try:
-            img = Image.open(io.BytesIO(raw))
+            img = Image.open(io.BytesIO(raw))  # reads the header only
+        except Image.DecompressionBombError:  # Pillow's own, far higher, limit
+            raise MediaError(index, _too_many_pixels(None, limits), "too_large") from None
+        except Exception:
+            raise MediaError(index, "the content is not an image we can decode") from None
+        # A few KiB of PNG can declare gigapixels: check the size before decoding anything.
+        if img.width * img.height > limits.max_pixels:
+            raise MediaError(index, _too_many_pixels(img.size, limits), "too_large")
+        try:
             img.load()
         except Exception:
             raise MediaError(index, "the content is not an image we can decode") from None
@@ -223,6 +327,13 @@ def _decode(index: int, raw: bytes, modality: Modality, sampling_rate: int | Non
         info = soundfile.info(io.BytesIO(raw))
     except Exception:
         raise MediaError(index, "the content is not an audio file we can decode") from None
+    if info.samplerate <= 0 or info.frames / info.samplerate > limits.max_audio_seconds:
+        seconds = info.frames / info.samplerate if info.samplerate > 0 else float("inf")
+        raise MediaError(
+            index,
+            f"the audio is {seconds:.1f} s long; at most {limits.max_audio_seconds:g} s",
+            "too_large",
+        )
     if sampling_rate and info.samplerate != sampling_rate:
         raise MediaError(
             index, f"audio is sampled at {info.samplerate} Hz; this model needs {sampling_rate} Hz"

@@ -7,13 +7,13 @@ variables, command-line flags. The command line is generated from `Settings` (se
 from __future__ import annotations
 
 import os
+import tomllib
 import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_PREFIX = "OPENAI_COMPAT_"
@@ -178,6 +178,15 @@ class Settings(BaseModel):
     )
     media_fetch_timeout: float = _opt(10.0, "Seconds one media URL fetch may take.", gt=0)
     max_media_items: int = _opt(64, "Most image or audio inputs in one request.", ge=1)
+    max_media_pixels: int = _opt(
+        16_777_216,
+        "Most pixels (width x height) an image may have; checked from its header before it "
+        "is decoded (decompression bombs).",
+        ge=9,
+    )
+    max_audio_seconds: float = _opt(
+        60.0, "Longest audio item in seconds; checked from its header before decoding.", gt=0
+    )
     models: tuple[ModelConfig, ...] = _opt((), "Models from the config file.", cli=False)
 
     def served_models(self) -> tuple[ModelConfig, ...]:

@@ -194,8 +194,8 @@ def start_infinity(setting: str, workdir: Path) -> Server:
     return _start("infinity", cmd, port, workdir)
 
 
-async def wait_ready(server: Server, ready_path: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_ready(server: Server, ready_path: str, limit: float = 300) -> None:
+    deadline = time.monotonic() + limit
     async with aiohttp.ClientSession() as s:
         while time.monotonic() < deadline:
             if server.proc is not None and server.proc.poll() is not None:
@@ -208,7 +208,7 @@ async def wait_ready(server: Server, ready_path: str, timeout: float = 300) -> N
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.2)
-    raise TimeoutError(f"{server.name} not ready after {timeout}s")
+    raise TimeoutError(f"{server.name} not ready after {limit}s")
 
 
 class InProcess:

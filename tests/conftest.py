@@ -107,7 +107,8 @@ def media_server(tiny_media_models: dict[str, Path]) -> Iterator[RemoteServer]:
 def file_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """A plain HTTP server on 127.0.0.1 serving a temp folder: (base URL, folder).
 
-    Extras: /redirect?to=URL answers 302 to URL; /slow sleeps 3 s before answering."""
+    Extras: /redirect?to=URL answers 302 to URL (after `delay` seconds, if given); /slow
+    sleeps 3 s before answering."""
     import http.server
     import threading
     import time
@@ -122,6 +123,8 @@ def file_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
         def do_GET(self) -> None:
             parts = urlsplit(self.path)
             if parts.path == "/redirect":
+                query = parse_qs(parts.query)
+                time.sleep(float(query.get("delay", ["0"])[0]))
                 self.send_response(302)
                 self.send_header("Location", parse_qs(parts.query)["to"][0])
                 self.end_headers()

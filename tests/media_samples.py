@@ -31,3 +31,20 @@ def wav(seconds: float = 0.5, rate: int = 16000, freq: float = 440.0) -> bytes:
 
 def data_uri(raw: bytes, mime: str) -> str:
     return f"data:{mime};base64," + base64.b64encode(raw).decode()
+
+
+def png_bomb(width: int = 12000, height: int = 12000) -> bytes:
+    """A valid 1-bit PNG of width x height black pixels: a few KiB that decode to `width *
+    height` bytes in Pillow (a decompression bomb)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    row = b"\0" * (1 + (width + 7) // 8)  # filter byte + packed bits
+    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    idat = zlib.compress(row * height, 9)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")

@@ -9,12 +9,12 @@ import shlex
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import tomllib
 
 from tests.utils import SERVER_ENV, free_port
 

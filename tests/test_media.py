@@ -140,3 +140,148 @@ async def test_size_and_time_limits_on_urls(file_server: tuple[str, Path]) -> No
             await f.fetch_all(["http://127.0.0.1:1/nothing-listens-here"], "image")
     finally:
         await f.close()
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "2130706433",
+        "127.1",
+        "0177.0.0.1",
+        "0x7f.1",
+        "0x7f000001",
+        "[::ffff:127.0.0.1]",
+        "[::ffff:7f00:1]",
+        "[::127.0.0.1]",
+        "[64:ff9b::7f00:1]",
+        "[2002:7f00:1::]",
+        "127.0.0.1.",
+        "017700000001",
+        "169.254.169.254",
+        "2852039166",
+        "[fe80::1%25eth0]",
+    ],
+)
+async def test_every_spelling_of_a_private_address_is_refused_before_connecting(
+    host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the fetcher tried to connect")
+
+    f = _fetcher()
+    monkeypatch.setattr(f, "_client", no_network)
+    try:
+        with pytest.raises(BadRequest) as info:
+            await f.fetch_all([data_uri(png(), "image/png"), f"http://{host}/a.png"], "image")
+        assert info.value.code == "refused_address", info.value.message
+        assert info.value.message.startswith("input[1]:")
+    finally:
+        await f.close()
+
+
+@pytest.mark.parametrize(
+    ("host", "address"),
+    [
+        ("2130706433", "127.0.0.1"),
+        ("127.1", "127.0.0.1"),
+        ("0x7f.1", "127.0.0.1"),
+        ("0177.0.0.1", "127.0.0.1"),
+        ("134744072", "8.8.8.8"),
+        ("example.com", None),
+        ("1e3.example", None),
+        ("[::1]", "::1"),
+    ],
+)
+def test_hosts_are_read_as_the_system_resolver_reads_them(host: str, address: str | None) -> None:
+    ip = media.canonical_ip(host)
+    assert (None if ip is None else str(ip)) == address
+
+
+def test_ipv6_forms_that_carry_a_private_ipv4_are_not_public() -> None:
+    for address in ("64:ff9b::a00:1", "2002:c0a8:101::1", "::ffff:a9fe:a9fe", "::10.0.0.1"):
+        assert is_public_address(address) is False, address
+    assert is_public_address("64:ff9b::808:808") is True  # NAT64 of 8.8.8.8
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
+async def test_decompression_bombs_are_refused_before_decoding() -> None:
+    from tests.media_samples import png_bomb
+
+    bomb = png_bomb()
+    assert len(bomb) < 200_000  # 144 megapixels in a small file
+    f = MediaFetcher(allow_private=False, max_bytes=1_000_000, timeout=5.0, max_pixels=4096**2)
+    try:
+        with pytest.raises(BadRequest) as info:
+            await f.fetch_all([data_uri(bomb, "image/png")], "image")
+        assert info.value.code == "too_large"
+        assert "12000x12000" in info.value.message
+        with pytest.raises(BadRequest, match="Pillow's own limit") as info:  # > 179 Mpx
+            await f.fetch_all([data_uri(png_bomb(15000, 15000), "image/png")], "image")
+        assert info.value.code == "too_large"
+        (ok,) = await f.fetch_all([data_uri(png_bomb(64, 64), "image/png")], "image")
+        assert ok.size == (64, 64)
+    finally:
+        await f.close()
+
+
+async def test_audio_longer_than_the_limit_is_refused() -> None:
+    f = MediaFetcher(allow_private=False, max_bytes=1_000_000, timeout=5.0, max_audio_seconds=1.0)
+    try:
+        (ok,) = await f.fetch_all([data_uri(wav(0.5), "audio/wav")], "audio", 16000)
+        assert ok[:4] == b"RIFF"
+        with pytest.raises(BadRequest) as info:
+            await f.fetch_all(
+                [data_uri(wav(0.5), "audio/wav"), data_uri(wav(2.0), "audio/wav")], "audio", 16000
+            )
+        assert info.value.code == "too_large" and "2.0 s" in info.value.message
+        assert info.value.message.startswith("input[1]:")
+    finally:
+        await f.close()
+
+
+async def test_a_failed_item_cancels_the_other_fetches(file_server: tuple[str, Path]) -> None:
+    import asyncio
+
+    url, _ = file_server
+    f = _fetcher(allow_private=True, timeout=10.0)
+    try:
+        with pytest.raises(BadRequest, match="input\\[1\\]"):
+            await f.fetch_all([f"{url}/slow", "data:image/png;base64,!!!"], "image")
+        # Nothing of that request is left running once its 400 is raised.
+        leftover = [
+            t
+            for t in asyncio.all_tasks()
+            if t is not asyncio.current_task()
+            and not t.done()
+            and getattr(t.get_coro(), "__qualname__", "").startswith("MediaFetcher.")
+        ]
+        assert leftover == []
+    finally:
+        await f.close()
+
+
+async def test_one_deadline_covers_every_redirect(file_server: tuple[str, Path]) -> None:
+    url, root = file_server
+    (root / "c.png").write_bytes(png())
+    f = _fetcher(allow_private=True, timeout=1.0)
+    try:
+        # Each hop answers in 0.6 s, inside the limit; the fetch as a whole takes 1.2 s.
+        inner = f"{url}/redirect?delay=0.6%26to=/c.png"
+        chained = f"{url}/redirect?delay=0.6&to={inner}"
+        with pytest.raises(BadRequest, match="longer than 1s"):
+            await f.fetch_all([chained], "image")
+        (img,) = await f.fetch_all([f"{url}/redirect?delay=0.3&to=/c.png"], "image")
+        assert img.size == (40, 30)
+    finally:
+        await f.close()
+
+
+async def test_resolved_names_are_cached_for_a_bounded_time() -> None:
+    f = _fetcher()
+    try:
+        connector = f._client().connector
+        assert connector is not None and connector.use_dns_cache
+        assert connector._cached_hosts._ttl == media._DNS_TTL  # type: ignore[attr-defined]
+        assert 0 < media._DNS_TTL <= 300
+    finally:
+        await f.close()
