@@ -15,7 +15,7 @@ from fastapi.routing import APIRoute
 
 from openai_compat import __version__, logs
 from openai_compat.errors import install_error_handlers
-from openai_compat.lifecycle import Lifecycle
+from openai_compat.lifecycle import Lifecycle, in_daemon_thread
 from openai_compat.media import MediaFetcher
 from openai_compat.metrics import Metrics
 from openai_compat.middleware import FastPathMiddleware, GatewayMiddleware
@@ -38,7 +38,7 @@ logger = logging.getLogger("openai_compat")
 async def _load(registry: Registry, lifecycle: Lifecycle) -> None:
     try:
         # Import the engine (torch: seconds) off the event loop, then undo its logging setup.
-        await asyncio.to_thread(importlib.import_module, "infinity_emb")
+        await in_daemon_thread(importlib.import_module, "infinity_emb", name="import")
         logs.reclaim_root()
         await load_models(registry)
     except EngineFailure as exc:

@@ -69,6 +69,7 @@ def _add_settings_flags(serve: argparse.ArgumentParser) -> None:
 def serve(settings: Settings) -> int:
     """Run until stopped; 1 if a model failed to load."""
     from openai_compat.app import create_app
+    from openai_compat.lifecycle import loaders_running
     from openai_compat.server import DrainingServer
 
     logs.configure(settings.log_level, settings.log_format)
@@ -82,10 +83,20 @@ def serve(settings: Settings) -> int:
 
     app.state.lifecycle.on_fatal = on_fatal
     server.run()
+    status = 0
     if fatal:
         print(f"openai-compat: {fatal[0]}", file=sys.stderr)
-        return 1
-    return 0
+        status = 1
+    if loaders_running():
+        # Stopped while a model was loading: the loader thread cannot be interrupted, and
+        # the interpreter's exit would wait for (or crash in) it. Leave now.
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
 
 
 def download(settings: Settings) -> int:

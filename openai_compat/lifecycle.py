@@ -2,13 +2,54 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal, TypeVar
+
+T = TypeVar("T")
 
 logger = logging.getLogger("openai_compat")
 
 Phase = Literal["loading", "ready", "draining", "failed"]
+
+# Threads that load models are named so; the CLI exits without waiting for them.
+LOADER_PREFIX = "model-load"
+
+
+async def in_daemon_thread(fn: Callable[..., T], *args: Any, name: str) -> T:
+    """Run blocking start-up work (imports, weight loading) in a daemon thread.
+
+    Not in the default executor: asyncio.run() joins its threads at exit, so a SIGTERM during
+    a long model load would wait for the load to finish. A daemon thread is abandoned instead.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: Any, failed: bool) -> None:
+        if future.done():
+            return
+        if failed:
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+
+    def run() -> None:
+        try:
+            result: Any = fn(*args)
+            failed = False
+        except BaseException as exc:
+            result, failed = exc, True
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(settle, result, failed)
+
+    threading.Thread(target=run, name=f"{LOADER_PREFIX}-{name}", daemon=True).start()
+    return await future
+
+
+def loaders_running() -> bool:
+    return any(t.name.startswith(LOADER_PREFIX) and t.is_alive() for t in threading.enumerate())
 
 
 class Lifecycle:

@@ -111,6 +111,7 @@ class GatewayMiddleware:
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
+                state["response_started"] = True
                 status_box[0] = message["status"]
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode()))
@@ -134,6 +135,19 @@ class GatewayMiddleware:
         except PayloadTooLarge as exc:  # a chunked body outgrew the limit mid-stream
             self.metrics.rejected.labels("too_large").inc()
             await api_error_response(exc)(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            # uvicorn cancels what is still running at the shutdown deadline: tell the client
+            # to retry elsewhere (503) rather than leaving it a 500 or a dropped connection.
+            if self.lifecycle.phase == "draining" and not state.get("response_started"):
+                cut = ServiceUnavailable(
+                    "The server shut down before this request finished; retry on another "
+                    "replica.",
+                    code="shutdown",
+                    headers={"Retry-After": "1", "Connection": "close"},
+                )
+                with contextlib.suppress(Exception):
+                    await api_error_response(cut)(scope, receive, send_with_id)
+            raise
         finally:
             if counted:
                 self.lifecycle.inflight -= 1

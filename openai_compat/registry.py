@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -14,6 +13,7 @@ import numpy as np
 
 from openai_compat.engine import adapter
 from openai_compat.errors import BadRequest, ModelNotFound, RateLimited
+from openai_compat.lifecycle import in_daemon_thread
 from openai_compat.settings import ModelConfig, check_unique_names
 from openai_compat.tokens import Cl100kDecoder, ModelTokenIdDecoder, TokenCounter
 
@@ -263,12 +263,12 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
 
 async def load_models(registry: Registry) -> None:
     """Load, start and register every configured model in order."""
-    cl100k = await asyncio.to_thread(Cl100kDecoder)
+    cl100k = await in_daemon_thread(Cl100kDecoder, name="cl100k")
     for config in registry.configs:
         started = time.perf_counter()
         logger.info("loading model %r from %s", config.served_name, config.model)
         try:
-            engine = await asyncio.to_thread(create_engine, config)
+            engine = await in_daemon_thread(create_engine, config, name=config.served_name)
             registry.engines.append(engine)
             await engine.astart()
             entry = await describe(config, engine, cl100k)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
+import threading
 import time
 from types import FrameType
 
@@ -14,6 +17,10 @@ from openai_compat.lifecycle import Lifecycle
 from openai_compat.settings import Settings
 
 logger = logging.getLogger("openai_compat")
+
+# After SIGTERM the process is gone within --graceful-timeout plus this: the time to stop the
+# engines (their current batch finishes) and exit. A watchdog enforces it.
+SHUTDOWN_MARGIN = 5.0
 
 
 class DrainingServer(uvicorn.Server):
@@ -46,6 +53,8 @@ class DrainingServer(uvicorn.Server):
         self.drain_deadline: float | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain_deadline is None:
+            self._start_watchdog()
         if self.drain_deadline is not None or self.lifecycle.phase in ("loading", "failed"):
             # second signal, or nothing worth draining: stop now
             if self.should_exit:
@@ -73,3 +82,23 @@ class DrainingServer(uvicorn.Server):
                 )
                 self.should_exit = True
         return await super().on_tick(counter)
+
+    def _start_watchdog(self) -> None:
+        limit = (self.grace if self.lifecycle.phase == "ready" else 0) + SHUTDOWN_MARGIN
+
+        def expire() -> None:
+            logger.error("shutdown took longer than %.0fs; exiting now", limit)
+            logging.shutdown()
+            os._exit(1)
+
+        timer = threading.Timer(limit, expire)
+        timer.daemon = True
+        timer.start()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.drain_deadline is not None:
+            # uvicorn's wait for open connections gets what is left of the drain deadline,
+            # not a second full graceful timeout.
+            left = self.drain_deadline - time.monotonic()
+            self.config.timeout_graceful_shutdown = max(0.1, left)  # type: ignore[assignment]
+        await super().shutdown(sockets)

@@ -189,6 +189,17 @@ class Settings(BaseModel):
     )
     models: tuple[ModelConfig, ...] = _opt((), "Models from the config file.", cli=False)
 
+    @field_validator("api_key")
+    @classmethod
+    def _keys_not_blank(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        # A blank key would silently mean "no auth" (or a key no client can send).
+        for i, key in enumerate(keys):
+            if not key.strip():
+                raise ValueError(f"API key #{i + 1} is empty or whitespace; remove it or set one")
+            if key != key.strip():
+                raise ValueError(f"API key #{i + 1} starts or ends with whitespace")
+        return keys
+
     def served_models(self) -> tuple[ModelConfig, ...]:
         """Config-file models, then --model ones, with --alias applied; the default if none."""
         configs = list(self.models) + [parse_model_spec(spec) for spec in self.model]
@@ -276,7 +287,10 @@ def from_env(environ: Mapping[str, str]) -> dict[str, Any]:
         if raw is None:
             continue
         if _is_sequence(f.annotation):
-            values[name] = tuple(p.strip() for p in raw.split(",") if p.strip())
+            parts = tuple(p.strip() for p in raw.split(","))
+            # A set secret keeps its empty parts, so a blank key is refused, not dropped.
+            secret = (f.json_schema_extra or {}).get("secret")
+            values[name] = parts if secret else tuple(p for p in parts if p)
         elif _is_bool(f.annotation):
             low = raw.strip().lower()
             if low not in _TRUE | _FALSE:

@@ -16,11 +16,21 @@ from typing import Any
 import httpx
 import pytest
 
+from openai_compat.server import SHUTDOWN_MARGIN
 from tests.utils import SERVER_ENV, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Cerebrium's cerebrium.toml schema (docs: TOML reference, scaling, custom web servers):
+# The cerebrium.toml fields as Cerebrium documents them, section by section:
+# - [cerebrium.deployment], [cerebrium.hardware], [cerebrium.dependencies.*]:
+#   https://docs.cerebrium.ai/docs/container-images/defining-container-images
+# - [cerebrium.scaling] (min/max_replicas, cooldown, replica_concurrency, scaling metrics):
+#   https://docs.cerebrium.ai/docs/scaling/scaling-apps ;
+#   response_grace_period (SIGTERM, then SIGKILL once it has elapsed):
+#   https://docs.cerebrium.ai/docs/scaling/graceful-termination ;
+#   roll_out_duration_seconds (0-600): https://docs.cerebrium.ai/docs/deployments/gradual-roll-out
+# - [cerebrium.runtime.custom] (port, entrypoint, healthcheck_endpoint, readycheck_endpoint,
+#   dockerfile_path): https://docs.cerebrium.ai/docs/container-images/custom-web-servers
 # section -> key -> (type, allowed values or None). Required keys marked in REQUIRED.
 SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "deployment": {
@@ -127,7 +137,10 @@ def test_cerebrium_values_fit_the_server() -> None:
     assert int(args["--port"]) == runtime["port"]
     assert args["--host"] == "0.0.0.0"
     assert (ROOT / args["--config"]).is_file()
-    assert scaling["response_grace_period"] > float(args["--graceful-timeout"])
+    # Cerebrium sends SIGKILL once response_grace_period has elapsed after SIGTERM: it must
+    # cover the server's real worst case, the drain deadline plus the engine-stop margin.
+    worst_case = float(args["--graceful-timeout"]) + SHUTDOWN_MARGIN
+    assert scaling["response_grace_period"] >= worst_case
     assert 0 <= scaling["min_replicas"] <= scaling["max_replicas"]
     assert scaling["replica_concurrency"] > 1  # one replica batches concurrent requests
     assert any("pip install" in c and "." in c for c in cfg["deployment"]["shell_commands"])

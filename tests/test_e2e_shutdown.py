@@ -1,42 +1,66 @@
 """SIGTERM while requests are in flight: readiness drops at once, new work is refused, every
-request in flight completes with 200, and the process exits 0 within the grace time."""
+request in flight completes with 200, and the process exits 0 within one shutdown deadline.
+
+Timing comes from tests/slow_engine.py (a debug engine that takes a fixed time per batch, a
+model load that takes a fixed time), not from how fast this machine is.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
+from openai_compat.server import SHUTDOWN_MARGIN
 from tests.utils import RemoteServer
 
 pytestmark = pytest.mark.slow
 
+DEBUG_MODEL = '[[models]]\nname = "debug"\nmodel = "debug/engine"\nengine = "debugengine"\n'
 
-def test_sigterm_drains_in_flight_requests_then_exits_zero() -> None:
-    srv = RemoteServer(["--graceful-timeout", "60"])
-    try:
-        sentence = "The quick brown fox jumps over the lazy dog near the quiet river bank. " * 3
-        results: list[int] = []
-        lock = threading.Lock()
 
-        def work(i: int) -> None:
-            body = {
-                "model": "all-MiniLM-L6-v2",
-                "input": [f"{i} {j} {sentence}" for j in range(200)],
-            }
+@pytest.fixture(scope="module")
+def debug_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("shutdown") / "debug.toml"
+    path.write_text(DEBUG_MODEL)
+    return path
+
+
+def _post_in_background(srv: RemoteServer, inputs: int, results: list[int]) -> threading.Thread:
+    def work() -> None:
+        body = {"model": "debug", "input": [f"text {j}" for j in range(inputs)]}
+        try:
             r = httpx.post(srv.base_url + "/embeddings", json=body, timeout=120)
-            assert len(r.json()["data"]) == 200 if r.status_code == 200 else True
-            with lock:
-                results.append(r.status_code)
+            if r.status_code == 200:
+                assert len(r.json()["data"]) == inputs
+            elif r.status_code == 503:
+                assert r.json()["error"]["code"] == "shutdown"
+            results.append(r.status_code)
+        except httpx.HTTPError:
+            results.append(-1)  # the connection was closed under the request
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
-        for t in threads:
-            t.start()
-        time.sleep(1.0)  # well inside the several seconds these need on 2 cores
-        assert not results, "requests finished before the signal; make them heavier"
+    thread = threading.Thread(target=work)
+    thread.start()
+    return thread
+
+
+def test_sigterm_drains_in_flight_requests_then_exits_zero(debug_config: Path) -> None:
+    # 6 requests x 64 inputs = 12 batches of 32 at 1 s each: none can finish in under 2 s.
+    srv = RemoteServer(
+        ["--config", str(debug_config), "--graceful-timeout", "60"],
+        env={"OPENAI_COMPAT_TEST_BATCH_SECONDS": "1.0"},
+        slow_engine=True,
+    )
+    try:
+        results: list[int] = []
+        threads = [_post_in_background(srv, 64, results) for _ in range(6)]
+        time.sleep(0.5)
+        assert not results
         signal_at = time.monotonic()
         srv.signal(signal.SIGTERM)
         time.sleep(0.3)
@@ -44,9 +68,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero() -> None:
         ready = httpx.get(srv.url + "/ready", timeout=5)
         assert ready.status_code == 503 and ready.json()["error"]["code"] == "draining"
         assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
-        refused = httpx.post(
-            srv.base_url + "/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "late"}
-        )
+        refused = httpx.post(srv.base_url + "/embeddings", json={"model": "debug", "input": "x"})
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "draining"
         assert refused.headers["retry-after"] == "1"
@@ -57,6 +79,53 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero() -> None:
         assert srv.proc.wait(60) == 0
         assert time.monotonic() - signal_at < 60
         assert "drained; shutting down" in srv.output()
+    finally:
+        srv.stop()
+
+
+def test_one_deadline_covers_drain_and_connection_wait(debug_config: Path) -> None:
+    """A request that outlives the graceful timeout: the process still exits within the
+    timeout plus the fixed margin (before, the drain and uvicorn's own wait added up)."""
+    grace = 6.0
+    srv = RemoteServer(
+        ["--config", str(debug_config), "--graceful-timeout", str(grace)],
+        env={"OPENAI_COMPAT_TEST_BATCH_SECONDS": "1.0"},
+        slow_engine=True,
+    )
+    try:
+        results: list[int] = []
+        thread = _post_in_background(srv, 32 * 40, results)  # 40 s of batches
+        time.sleep(1.0)
+        signal_at = time.monotonic()
+        srv.signal(signal.SIGTERM)
+        status = srv.proc.wait(60)
+        took = time.monotonic() - signal_at
+        thread.join(30)
+        assert status == 0, srv.output()[-3000:]
+        assert grace - 0.5 <= took < grace + SHUTDOWN_MARGIN, took
+        assert results == [503]  # cut off at the deadline: told to retry elsewhere
+    finally:
+        srv.stop()
+
+
+def test_sigterm_during_model_loading_exits_zero_at_once(debug_config: Path) -> None:
+    srv = RemoteServer(
+        ["--config", str(debug_config)],
+        env={"OPENAI_COMPAT_TEST_LOAD_SECONDS": "120"},
+        slow_engine=True,
+        wait_ready=False,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(srv.url + "/health", timeout=2).json()["status"] == "loading":
+                    break
+            time.sleep(0.1)
+        signal_at = time.monotonic()
+        srv.signal(signal.SIGTERM)
+        assert srv.proc.wait(30) == 0, srv.output()[-3000:]
+        assert time.monotonic() - signal_at < 5
     finally:
         srv.stop()
 

@@ -152,3 +152,41 @@ def test_every_cli_option_is_a_flag_with_its_env_variable_in_help() -> None:
         if (field.json_schema_extra or {}).get("cli", True):  # type: ignore[union-attr]
             assert "OPENAI_COMPAT_" + name.upper() in serve_help
             assert "--" + name.replace("_", "-") in serve_help
+
+
+@pytest.mark.parametrize(
+    ("cli", "environ", "toml"),
+    [
+        ({"api_key": ("",)}, {}, None),
+        ({"api_key": ("   ",)}, {}, None),
+        ({"api_key": (" padded ",)}, {}, None),
+        ({}, {"OPENAI_COMPAT_API_KEY": " "}, None),
+        ({}, {"OPENAI_COMPAT_API_KEYS": ""}, None),
+        ({}, {"OPENAI_COMPAT_API_KEYS": "good,,other"}, None),
+        ({}, {}, 'api_key = [""]\n'),
+        ({}, {}, 'api_key = ["ok", " "]\n'),
+    ],
+)
+def test_blank_api_keys_are_refused_wherever_they_come_from(
+    tmp_path: Path, cli: dict[str, object], environ: dict[str, str], toml: str | None
+) -> None:
+    values = dict(cli)
+    if toml is not None:
+        (tmp_path / "c.toml").write_text(toml)
+        values["config"] = str(tmp_path / "c.toml")
+    with pytest.raises(ConfigError, match="API key #"):
+        build_settings(values, environ=environ)
+
+
+def test_api_keys_from_the_environment_are_trimmed_and_split() -> None:
+    settings = build_settings({}, environ={"OPENAI_COMPAT_API_KEYS": "key-one, key-two"})
+    assert settings.api_key == ("key-one", "key-two")
+
+
+def test_a_blank_api_key_stops_the_cli_with_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from openai_compat.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--api-key", ""])
+    assert info.value.code == 2
+    assert "API key #1 is empty" in capsys.readouterr().err

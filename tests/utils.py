@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+ROOT = Path(__file__).resolve().parent.parent
+
 SERVER_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -41,7 +43,9 @@ class RemoteServer:
         env: dict[str, str] | None = None,
         wait_ready: bool = True,
         timeout: float = 240.0,
+        slow_engine: bool = False,
     ) -> None:
+        """`slow_engine`: run tests/slow_engine.py (engine timing set by the environment)."""
         self.port = free_port()
         self.host = "127.0.0.1"
         self.url = f"http://{self.host}:{self.port}"
@@ -53,7 +57,7 @@ class RemoteServer:
             [
                 sys.executable,
                 "-m",
-                "openai_compat",
+                "tests.slow_engine" if slow_engine else "openai_compat",
                 "serve",
                 "--host",
                 self.host,
@@ -65,6 +69,7 @@ class RemoteServer:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            cwd=ROOT,
         )
         if wait_ready:
             self.wait_ready(timeout)
