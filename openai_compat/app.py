@@ -14,11 +14,12 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
 from openai_compat import __version__, logs
+from openai_compat.bodies import BodyParser
 from openai_compat.errors import install_error_handlers
 from openai_compat.lifecycle import Lifecycle, in_daemon_thread
 from openai_compat.media import MediaFetcher
 from openai_compat.metrics import Metrics
-from openai_compat.middleware import FastPathMiddleware, GatewayMiddleware
+from openai_compat.middleware import FastPathMiddleware, GatewayMiddleware, fast_path_table
 from openai_compat.protocol import REQUEST_MODELS
 from openai_compat.registry import EngineFailure, Registry, load_models, stop_engines
 from openai_compat.routes import (
@@ -57,6 +58,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     """
     registry = registry if registry is not None else Registry(settings.served_models())
     lifecycle = Lifecycle()
+    bodies = BodyParser()
     media = MediaFetcher(
         allow_private=settings.allow_private_media_urls,
         max_bytes=settings.max_media_bytes,
@@ -81,6 +83,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await loader
             await media.close()
+            bodies.close()
             await stop_engines(registry)
 
     app = FastAPI(
@@ -94,6 +97,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.state.registry = registry
     app.state.lifecycle = lifecycle
     app.state.media = media
+    app.state.bodies = bodies
     metrics = Metrics(registry)
     app.state.metrics = metrics
     install_error_handlers(app)
@@ -120,13 +124,9 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         for route in router.routes
         if isinstance(route, APIRoute)
     ]
-    # Every POST handler takes only the Request, so it can be served straight from the fast
-    # path; GETs (probes, models, docs) go through the normal router.
-    fast = {
-        path: route.endpoint
-        for path, route in routes
-        if route.methods == {"POST"} and "{" not in path
-    }
+    # Every POST handler takes only the Request, so it is served straight from the fast path
+    # (checked here); GETs (probes, models, docs) go through the normal router.
+    fast = fast_path_table(routes)
     app.add_middleware(FastPathMiddleware, routes=fast, metrics=metrics)
     known = frozenset(path for path, _ in routes) | {"/docs", "/redoc", "/openapi.json"}
     app.add_middleware(  # outermost of ours: ids, auth, limits, draining, metrics, access log

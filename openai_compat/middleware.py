@@ -12,11 +12,13 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -140,8 +142,7 @@ class GatewayMiddleware:
             # to retry elsewhere (503) rather than leaving it a 500 or a dropped connection.
             if self.lifecycle.phase == "draining" and not state.get("response_started"):
                 cut = ServiceUnavailable(
-                    "The server shut down before this request finished; retry on another "
-                    "replica.",
+                    "The server shut down before this request finished; retry on another replica.",
                     code="shutdown",
                     headers={"Retry-After": "1", "Connection": "close"},
                 )
@@ -222,6 +223,35 @@ class GatewayMiddleware:
             )
 
 
+def fast_path_table(routes: Iterable[tuple[str, APIRoute]]) -> dict[str, Endpoint]:
+    """path -> handler for every POST route, which the fast path calls with the Request alone.
+
+    The fast path skips FastAPI's dependency injection, parameter parsing and response
+    models: a POST handler that declares any of them would silently lose them, so building
+    the app fails instead, naming the handler.
+    """
+    table: dict[str, Endpoint] = {}
+    for path, route in routes:
+        if route.methods != {"POST"} or "{" in path:
+            continue
+        dep = route.dependant
+        declared = [
+            *(d.call.__name__ if d.call else "?" for d in dep.dependencies),
+            *(p.name for p in dep.path_params + dep.query_params + dep.header_params),
+            *(p.name for p in dep.cookie_params + dep.body_params),
+            *(["background_tasks"] if dep.background_tasks_param_name else []),
+            *(["response"] if dep.response_param_name else []),
+        ]
+        if declared or route.dependencies:
+            what = ", ".join(declared) or "router dependencies"
+            raise RuntimeError(
+                f"POST {path} ({route.endpoint.__qualname__}) declares {what}; fast-path "
+                "handlers take only the Request (see openai_compat/routes/__init__.py)"
+            )
+        table[path] = route.endpoint
+    return table
+
+
 class FastPathMiddleware:
     """Serves the POST routes straight from their handlers, skipping the framework's router,
     exception and exit-stack layers (a measurable share of a small request's CPU). The same
@@ -248,8 +278,12 @@ class FastPathMiddleware:
             return
         request = Request(scope, receive)
         try:
-            await request.body()  # read fully first: afterwards receive() only reports disconnect
-            response = await self._until_disconnect(endpoint, request)
+            try:
+                await request.body()  # read fully first: then receive() only reports disconnect
+            except ClientDisconnect:  # gone while uploading: nothing to answer
+                response = None
+            else:
+                response = await self._until_disconnect(endpoint, request)
         except APIError as exc:
             response = api_error_response(exc)
         except RequestValidationError as exc:

@@ -28,6 +28,11 @@ def field_names(param: str) -> Names:
 input_names = field_names("input")
 
 
+def _as_list(ids: Sequence[int]) -> list[int]:
+    """Token ids as Python ints (big bodies arrive as numpy arrays, see bodies.py)."""
+    return ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+
+
 class Cl100kDecoder:
     """Decodes OpenAI cl100k_base token ids (what LangChain's OpenAIEmbeddings sends) to text."""
 
@@ -43,9 +48,10 @@ class Cl100kDecoder:
             # Not decode_batch: it starts a thread pool per call, which costs more than the
             # decoding itself for a request's worth of ids.
             decode = self._enc.decode
-            return [decode(ids) for ids in batches]
+            return [decode(_as_list(ids)) for ids in batches]
         except (KeyError, OverflowError, ValueError):
             for i, ids in enumerate(batches):
+                ids = _as_list(ids)
                 try:
                     self._enc.decode(ids)
                 except (KeyError, OverflowError, ValueError):
@@ -73,6 +79,7 @@ class ModelTokenIdDecoder:
         self._vocab = tokenizer.get_vocab_size()
 
     def decode(self, batches: Sequence[Sequence[int]]) -> list[str]:
+        batches = [_as_list(ids) for ids in batches]
         for i, ids in enumerate(batches):
             if ids and (min(ids) < 0 or max(ids) >= self._vocab):
                 bad = next(t for t in ids if t < 0 or t >= self._vocab)

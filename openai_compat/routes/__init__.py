@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from fastapi import Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
+from openai_compat.bodies import BodyParser, Chooser
 from openai_compat.errors import ServiceUnavailable
 from openai_compat.lifecycle import Lifecycle
 from openai_compat.media import MediaFetcher
@@ -45,19 +45,12 @@ def ready_registry(request: Request) -> Registry:
     return registry
 
 
-async def read_body(request: Request, model: type[M]) -> M:
-    """The request body parsed into `model`; errors become the 400 envelope."""
-    raw = await request.body()
-    try:
-        return model.model_validate_json(raw or b"null")
-    except ValidationError as exc:
-        raise validation_failure(exc) from None
-
-
-def validation_failure(exc: ValidationError) -> RequestValidationError:
-    """A body's pydantic errors as FastAPI's, so the one handler renders them (400)."""
-    errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
-    return RequestValidationError(errors)
+async def read_body(request: Request, model: type[M] | Chooser) -> M:
+    """The request body parsed into `model` (or the model `model(data)` picks); errors become
+    the 400 envelope. Big bodies are parsed off the event loop (see bodies.py)."""
+    parser: BodyParser = request.app.state.bodies
+    parsed: M = await parser.parse(await request.body(), model)
+    return parsed
 
 
 def body_openapi(*models: type[BaseModel]) -> dict[str, Any]:

@@ -6,9 +6,7 @@ They share the engine paths of the /v1 API (inference.py); only the wire shapes 
 
 from __future__ import annotations
 
-import orjson
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
 from starlette.responses import Response
 
 from openai_compat.encoding import as_matrix, orjson_response
@@ -31,6 +29,7 @@ from openai_compat.protocol import (
     TutorialImageEmbedRequest,
     TutorialRerankRequest,
     TutorialRerankResponse,
+    classify_request_model,
 )
 from openai_compat.registry import ModelEntry
 from openai_compat.routes import (
@@ -40,7 +39,6 @@ from openai_compat.routes import (
     read_body,
     ready_registry,
     settings_of,
-    validation_failure,
 )
 from openai_compat.routes.classify import classify_payload
 from openai_compat.tokens import field_names
@@ -112,27 +110,18 @@ async def rerank(request: Request) -> Response:
 )
 async def classify(request: Request) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
-    raw = await request.body()
-    try:
-        data = orjson.loads(raw or b"null")
-    except orjson.JSONDecodeError:
-        # let the validator produce the standard invalid-JSON error
-        data = None
-    tutorial = isinstance(data, dict) and "sentences" in data and "input" not in data
-    try:
-        if not tutorial:
-            body = ClassifyRequest.model_validate_json(raw or b"null")
-            entry = registry.require(body.model, "classify")
-            texts = [body.input] if isinstance(body.input, str) else body.input
-            result = await classify_texts(entry, texts, settings, raw_scores=bool(body.raw_scores))
-            note(request, entry.name, len(texts), result.tokens)
-            return orjson_response(classify_payload(result, body.model))
-        tbody = TutorialClassifyRequest.model_validate(data)
-    except ValidationError as exc:
-        raise validation_failure(exc) from None
-    entry = registry.by_index(tbody.model_index, "classify")
-    result = await classify_texts(entry, tbody.sentences, settings, param="sentences")
-    note(request, entry.name, len(tbody.sentences), result.tokens)
+    body: ClassifyRequest | TutorialClassifyRequest = await read_body(
+        request, classify_request_model
+    )
+    if isinstance(body, ClassifyRequest):
+        entry = registry.require(body.model, "classify")
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        result = await classify_texts(entry, texts, settings, raw_scores=bool(body.raw_scores))
+        note(request, entry.name, len(texts), result.tokens)
+        return orjson_response(classify_payload(result, body.model))
+    entry = registry.by_index(body.model_index, "classify")
+    result = await classify_texts(entry, body.sentences, settings, param="sentences")
+    note(request, entry.name, len(body.sentences), result.tokens)
     classifications = [
         [{"label": label, "score": score} for label, score in labels] for labels in result.labels
     ]

@@ -1,0 +1,209 @@
+"""The request-to-engine helpers on fake engines: input forms, admission control, field names
+in errors, non-finite outputs, raw logits; and token counting with the packaged tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from openai_compat import inference
+from openai_compat.encoding import embedding_payload
+from openai_compat.engine.adapter import LogitsRunner
+from openai_compat.errors import BadRequest, ModelOutputError, RateLimited
+from openai_compat.registry import ModelEntry
+from openai_compat.settings import ModelConfig, Settings
+from openai_compat.tokens import Cl100kDecoder, TokenCounter
+
+
+class FakeEngine:
+    """Embeds a text as [len(text), 1, 0, ...]; optionally waits on an event first."""
+
+    is_running = True
+
+    def __init__(self, dims: int = 4, gate: asyncio.Event | None = None) -> None:
+        self.dims = dims
+        self.gate = gate
+        self.calls: list[list[str]] = []
+        self.nan = False
+
+    async def embed(self, sentences: list[str]) -> tuple[list[np.ndarray], int]:
+        self.calls.append(list(sentences))
+        if self.gate is not None:
+            await self.gate.wait()
+        vectors = []
+        for s in sentences:
+            v = np.zeros(self.dims, dtype=np.float32)
+            v[0], v[1] = len(s), 1.0
+            if self.nan:
+                v[2] = np.nan
+            vectors.append(v)
+        return vectors, sum(len(s) for s in sentences)
+
+
+@pytest.fixture(scope="module")
+def counter(minilm_path: str) -> TokenCounter:
+    from tokenizers import Tokenizer
+
+    return TokenCounter(Tokenizer.from_file(f"{minilm_path}/tokenizer.json"), 16)
+
+
+@pytest.fixture(scope="module")
+def cl100k() -> Cl100kDecoder:
+    return Cl100kDecoder()
+
+
+def _entry(engine: Any = None, **kw: Any) -> ModelEntry:
+    config = ModelConfig(model="org/m", name="m", truncate=kw.pop("truncate", None))
+    return ModelEntry(
+        config=config, engine=engine or FakeEngine(), capabilities=frozenset({"embed"}), **kw
+    )
+
+
+SETTINGS = Settings(max_inputs_per_request=4, max_queued_inputs=6)
+
+
+async def test_one_token_id_array_is_one_input_however_long(cl100k: Cl100kDecoder) -> None:
+    entry = _entry(token_decoder=cl100k)
+    ids = cl100k._enc.encode("hello world " * 1500)  # 3000 ids, more than 4 inputs' worth
+    (text,) = await inference.texts_from_input(ids, entry, SETTINGS)
+    assert text == "hello world " * 1500
+    texts = await inference.texts_from_input([ids[:2], ids[2:4]], entry, SETTINGS)
+    assert texts == [cl100k._enc.decode(ids[:2]), cl100k._enc.decode(ids[2:4])]
+    (from_array,) = await inference.texts_from_input(np.asarray(ids), entry, SETTINGS)
+    assert from_array == text  # big bodies hand token ids over as numpy arrays
+    with pytest.raises(BadRequest, match="at most 4 per request, got 5"):
+        await inference.texts_from_input([[1]] * 5, entry, SETTINGS)
+    with pytest.raises(BadRequest, match="must not be empty"):
+        await inference.texts_from_input([], entry, SETTINGS)
+
+
+async def test_token_ids_on_a_model_that_refuses_them() -> None:
+    with pytest.raises(BadRequest) as info:
+        await inference.texts_from_input([1, 2, 3], _entry(), SETTINGS)
+    assert info.value.code == "token_ids_not_supported"
+
+
+async def test_admission_control_refuses_past_the_queue_limit() -> None:
+    gate = asyncio.Event()
+    entry = _entry(FakeEngine(gate=gate))
+    first = asyncio.create_task(inference.embed_texts(entry, ["a"] * 4, SETTINGS))
+    await asyncio.sleep(0)
+    assert entry.queued == 4 and entry.inflight == 1
+    with pytest.raises(RateLimited) as info:  # 4 queued + 3 > 6
+        await inference.embed_texts(entry, ["b"] * 3, SETTINGS)
+    assert info.value.status == 429 and info.value.headers == {"Retry-After": "1"}
+    second = asyncio.create_task(inference.embed_texts(entry, ["c"] * 2, SETTINGS))  # 6: fits
+    await asyncio.sleep(0)
+    assert entry.queued == 6
+    gate.set()
+    await asyncio.gather(first, second)
+    assert entry.queued == 0 and entry.inflight == 0
+
+
+async def test_one_request_larger_than_the_limit_still_runs_on_an_idle_model() -> None:
+    entry = _entry()
+    settings = Settings(max_queued_inputs=2)
+    result = await inference.embed_texts(entry, ["a", "bb", "ccc"], settings)
+    assert [float(v[0]) for v in result.vectors] == [1.0, 2.0, 3.0]
+    assert entry.queued == 0
+
+
+async def test_admission_is_released_when_the_request_is_cancelled() -> None:
+    entry = _entry(FakeEngine(gate=asyncio.Event()))
+    task = asyncio.create_task(inference.embed_texts(entry, ["a"] * 3, SETTINGS))
+    await asyncio.sleep(0)
+    assert entry.queued == 3
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert entry.queued == 0 and entry.inflight == 0
+
+
+async def test_over_long_texts_are_refused_with_the_clients_field_name(
+    counter: TokenCounter,
+) -> None:
+    engine = FakeEngine()
+    entry = _entry(engine, counter=counter, max_length=16, truncate=False)
+    long = "word " * 40
+    with pytest.raises(BadRequest) as info:
+        await inference.embed_texts(entry, ["short", long], SETTINGS)
+    assert info.value.param == "input" and info.value.code == "input_too_long"
+    assert info.value.message.startswith("input[1]: 42 tokens, more than the 16")
+    assert engine.calls == []  # refused before any engine time was spent
+    # cosine rerank embeds [query, *documents]: errors still name the client's fields
+    ranker = _entry(engine, counter=counter, max_length=16, truncate=False, cosine_rerank=True)
+    with pytest.raises(BadRequest) as info:
+        await inference.rerank_texts(ranker, "q", ["fine", "fine", long], SETTINGS)
+    assert info.value.param == "documents" and info.value.message.startswith("documents[2]:")
+    with pytest.raises(BadRequest) as info:
+        await inference.rerank_texts(ranker, long, ["fine"], SETTINGS, docs_param="docs")
+    assert info.value.param == "query" and info.value.message.startswith("query:")
+    with pytest.raises(BadRequest) as info:
+        await inference.rerank_texts(ranker, "q", ["ok", long], SETTINGS, docs_param="docs")
+    assert info.value.param == "docs" and info.value.message.startswith("docs[1]:")
+
+
+async def test_non_finite_vectors_and_scores_are_never_sent() -> None:
+    engine = FakeEngine()
+    engine.nan = True
+    entry = _entry(engine)
+    result = await inference.embed_texts(entry, ["a"], SETTINGS)
+    with pytest.raises(ModelOutputError) as info:
+        embedding_payload(result.vectors, fmt="float", dimensions=None, model="m", prompt_tokens=1)
+    assert info.value.status == 500 and info.value.code == "non_finite_output"
+    with pytest.raises(ModelOutputError):
+        await inference.rerank_texts(_entry(engine, cosine_rerank=True), "q", ["d"], SETTINGS)
+    with pytest.raises(ModelOutputError):
+        inference.finite_scores(entry, [0.5, float("inf")])
+    inference.finite_scores(entry, [0.5, 1.0])  # finite: no error
+
+
+async def test_raw_logits_run_in_their_own_pool_and_stop_when_cancelled() -> None:
+    started = threading.Event()
+    seen: list[list[str]] = []
+
+    def pipe(texts: list[str], **kwargs: Any) -> list[list[dict[str, Any]]]:
+        assert threading.current_thread().name.startswith("logits-m")
+        assert kwargs["function_to_apply"] == "none"
+        seen.append(texts)
+        started.set()
+        time.sleep(0.2)
+        return [[{"label": "pos", "score": float(len(t))}] for t in texts]
+
+    import concurrent.futures
+
+    # for_replica() builds the same from a classifier replica's pipeline
+    logits = LogitsRunner(pipe, concurrent.futures.ThreadPoolExecutor(1, "logits-m"), chunk=2)
+    try:
+        out = await logits.logits(["a", "bb", "ccc"])
+        assert [row[0]["score"] for row in out] == [1.0, 2.0, 3.0]
+        assert seen == [["a", "bb"], ["ccc"]]
+        seen.clear()
+        task = asyncio.create_task(logits.logits([str(i) for i in range(20)]))
+        await asyncio.to_thread(started.wait)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.5)  # the chunk in progress ends; no further chunk starts
+        assert len(seen) <= 2, seen
+    finally:
+        logits.close()
+
+
+async def test_token_counting_counts_special_tokens_and_truncates(
+    counter: TokenCounter,
+) -> None:
+    # [CLS] hello world [SEP]
+    assert await counter.usage(["hello world"], truncate=True) == 4
+    assert await counter.usage(["word " * 100, "hi"], truncate=True) == 16 + 3
+    long_texts = ["word " * 200] * 3  # over the inline limit: counted in a worker thread
+    assert list(await counter.lengths(long_texts)) == [17, 17, 17]  # capped at max + 1
+    assert await counter.pair_usage("query", ["a document", "word " * 100]) == 6 + 16
+    cut = await counter.truncate_texts(["one two three four", "five"], 2)
+    assert cut == ["one two", "five"]
+    assert counter.full_length("word " * 100) == 102
