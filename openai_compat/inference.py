@@ -101,14 +101,19 @@ async def embed_texts(
     truncate = truncate_for(entry, settings)
     counter = entry.counter
     with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
-        if counter is None or (truncate and not settings.count_tokens):
+        if counter is None:
             vectors, usage = await entry.engine.embed(list(texts))
             return EmbedResult(vectors, int(usage))
-        if not truncate:
-            # Refuse over-long input before spending engine time on it.
-            tokens = await counter.usage(texts, truncate=False, names=names)
-            vectors, _ = await entry.engine.embed(list(texts))
-            return EmbedResult(vectors, tokens)
+        if not truncate or counter.needs_cutting(texts):
+            # Measure first: over-long input is refused before it costs engine time, and
+            # huge texts reach the engine cut a few tokens past the model's limit.
+            tokens, prepared = await counter.prepare(texts, truncate=truncate, names=names)
+            vectors, usage = await entry.engine.embed(prepared)
+            exact = settings.count_tokens or not truncate
+            return EmbedResult(vectors, tokens if exact else int(usage))
+        if not settings.count_tokens:
+            vectors, usage = await entry.engine.embed(list(texts))
+            return EmbedResult(vectors, int(usage))
         tokens, (vectors, _) = await asyncio.gather(
             counter.usage(texts, truncate=True), entry.engine.embed(list(texts))
         )
@@ -243,10 +248,11 @@ async def rerank_texts(
             results, usage = await entry.engine.rerank(query=query, docs=docs)
             tokens = int(usage)
         else:
+            pairs = await _cut_documents(entry, query, docs)
             if not truncate_for(entry, settings):
-                await _refuse_long_pairs(entry, query, docs, docs_param)
+                await _refuse_long_pairs(entry, query, docs, pairs, docs_param)
             tokens, (results, _) = await asyncio.gather(
-                counter.pair_usage(query, docs), entry.engine.rerank(query=query, docs=docs)
+                counter.pair_usage(query, pairs), entry.engine.rerank(query=query, docs=pairs)
             )
     ranked = [RankedDocument(r.index, float(r.relevance_score)) for r in results]
     finite_scores(entry, [r.score for r in ranked])
@@ -254,17 +260,36 @@ async def rerank_texts(
     return RerankResult(ranked, tokens)
 
 
-async def _refuse_long_pairs(entry: ModelEntry, query: str, docs: list[str], param: str) -> None:
+async def _cut_documents(entry: ModelEntry, query: str, docs: list[str]) -> list[str]:
+    """Huge documents cut a few tokens past the limit before the cross-encoder sees them.
+
+    Pairs are truncated longest-first: while the query is within the limit, a document cut
+    to more tokens than the limit stays the longer part, so the tokens the model keeps are
+    the same as for the whole document.
+    """
+    counter, limit = entry.counter, entry.max_length
+    if counter is None or limit is None or not counter.needs_cutting(docs):
+        return docs
+    (query_tokens,) = await counter.lengths([query])
+    if query_tokens > limit:
+        return docs
+    _, cut = await counter.prepare_lengths(docs)
+    return cut
+
+
+async def _refuse_long_pairs(
+    entry: ModelEntry, query: str, docs: list[str], pairs: list[str], param: str
+) -> None:
     counter, limit = entry.counter, entry.max_length
     if counter is None or limit is None:
         return
-    lengths = await counter.pair_lengths(query, docs)
+    lengths = await counter.pair_lengths(query, pairs)
     too_long = np.flatnonzero(lengths > limit)
     if too_long.size:
         i = int(too_long[0])
         full = await asyncio.to_thread(counter.full_length, query)
         full += await asyncio.to_thread(counter.full_length, docs[i])
-        raise too_long_error((param, f"{param}[{i}]"), full, limit)
+        raise too_long_error((param, f"{param}[{i}]"), full - counter.specials_once, limit)
 
 
 async def _cosine_rerank(
@@ -315,19 +340,22 @@ async def classify_texts(
     check_count(len(texts), settings.max_inputs_per_request, param)
     truncate = truncate_for(entry, settings)
     tokens: int | None = None
-    if entry.counter is not None and not truncate:
-        # Refuse over-long input before spending engine time on it.
-        tokens = await entry.counter.usage(texts, truncate=False, names=field_names(param))
+    counter = entry.counter
+    prepared = texts
+    if counter is not None and (not truncate or counter.needs_cutting(texts)):
+        # Refuse over-long input before spending engine time on it; cut huge texts.
+        names = field_names(param)
+        tokens, prepared = await counter.prepare(texts, truncate=truncate, names=names)
     with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
         if raw_scores:
             if entry.logits is None:
                 raise BadRequest(
                     f"Model {entry.name!r} cannot return raw scores.", param="raw_scores"
                 )
-            raw = await entry.logits.logits(texts)
+            raw = await entry.logits.logits(prepared)
             engine_usage = 0
         else:
-            raw, engine_usage = await entry.engine.classify(sentences=texts)
+            raw, engine_usage = await entry.engine.classify(sentences=prepared)
     if tokens is None:
         counter = entry.counter
         tokens = await counter.usage(texts, truncate=True) if counter else int(engine_usage)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -15,6 +15,8 @@ from openai_compat.errors import BadRequest
 # waits to get it back from the engine threads), measured at ~8% of throughput at 16 inputs.
 _INLINE_CHARS = 512
 
+
+T = TypeVar("T")
 
 # Which request field the i-th text came from, as the client named it: (param, label).
 Names = Callable[[int], tuple[str, str]]
@@ -92,6 +94,27 @@ class ModelTokenIdDecoder:
         return list(self._tok.decode_batch([list(b) for b in batches], skip_special_tokens=True))
 
 
+# Huge texts are never tokenised whole: only a prefix long enough to hold the tokens that
+# matter, found by growing a character window from this many characters per token. (Whole
+# tokenisations of megabyte texts hold the GIL for 100+ ms when their millions of token
+# strings are freed, and the engine would tokenise them whole a second time.)
+_CHARS_PER_TOKEN = 16
+# A text cut for the engine keeps this many tokens past the model's limit, so the model's own
+# truncation still decides where it ends: the tokens it keeps are exactly the full text's.
+_GUARD = 8
+# Error messages count huge texts in pieces of about this many characters.
+_COUNT_PIECE = 65536
+
+
+def _before_last_word(word_ids: Sequence[int | None]) -> int:
+    """Index of the first token of the last word: tokens before it are complete words."""
+    end = len(word_ids)
+    last = word_ids[-1] if end else None
+    while end and word_ids[end - 1] == last:
+        end -= 1
+    return end
+
+
 class TokenCounter:
     """Counts tokens as the model sees them (special tokens included, after truncation)."""
 
@@ -103,27 +126,122 @@ class TokenCounter:
         self._tok = Tokenizer.from_str(tokenizer.to_str())
         self._tok.no_padding()
         self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
-        # An untruncated twin, built once (not per request): for cutting documents at a
-        # client's token cap and for the exact length in error messages.
+        # An untruncated twin, built once (not per request): for cutting texts at a token
+        # and for the exact length in error messages.
         self._plain = Tokenizer.from_str(self._tok.to_str())
         self._plain.no_truncation()
+        self._specials = self._plain.num_special_tokens_to_add(False)
+        # Special tokens a pair has beyond its two texts counted apart (for messages).
+        self.specials_once = 2 * self._specials - self._plain.num_special_tokens_to_add(True)
         if max_length:
-            # One past the limit: enough to tell "too long" without tokenizing whole documents.
+            # One past the limit: enough to tell "too long".
             self._tok.enable_truncation(max_length + 1)
         else:
             self._tok.no_truncation()
+        # Texts longer than this many characters may be cut before the engine sees them.
+        self.cut_chars = (max_length + _GUARD) * _CHARS_PER_TOKEN if max_length else None
 
-    def _lengths(self, texts: Sequence[str]) -> np.ndarray:
-        # encode_batch_fast skips character offsets, which counting does not need.
-        encodings = self._encode_batch(list(texts))
-        return np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+    # ------------------------------------------------------------ blocking primitives
+
+    def _cut_after(self, text: str, n: int) -> int | None:
+        """Character offset where the text's n-th content token ends, if it has more than n
+        tokens (None otherwise); tokenises growing prefixes, never more than needed."""
+        window = max(n, 1) * _CHARS_PER_TOKEN
+        while True:
+            whole = window >= len(text)
+            enc = self._plain.encode(text if whole else text[:window], add_special_tokens=False)
+            complete = len(enc.ids) if whole else _before_last_word(enc.word_ids)
+            if complete > n:
+                return int(enc.offsets[n - 1][1]) if n else 0
+            if whole:
+                return None
+            window *= 4
+
+    def _measure(self, texts: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+        """Token counts capped at max_length + 1, and the texts the engine should get: huge
+        ones cut a few tokens past the limit (the model truncates the same tokens either way)."""
+        out = list(texts)
+        lengths = np.zeros(len(out), dtype=np.int64)
+        limit, cut_chars = self.max_length, self.cut_chars
+        short = [i for i, t in enumerate(out) if cut_chars is None or len(t) <= cut_chars]
+        for i in range(len(out)):
+            if cut_chars is not None and len(out[i]) > cut_chars and limit is not None:
+                cut = self._cut_after(out[i], limit + _GUARD)
+                if cut is None:
+                    short.append(i)  # long in characters, not in tokens (e.g. whitespace)
+                else:
+                    out[i] = out[i][:cut]
+                    lengths[i] = limit + 1
+        if short:
+            # encode_batch_fast skips character offsets, which counting does not need.
+            encodings = self._encode_batch([out[i] for i in short])
+            lengths[short] = [len(e.ids) for e in encodings]
+        return lengths, out
+
+    def full_length(self, text: str) -> int:
+        """Untruncated token count, for error messages (blocking: run it in a thread). Huge
+        texts are counted in pieces split at whitespace."""
+        if len(text) <= 4 * _COUNT_PIECE:
+            return len(self._plain.encode(text).ids)
+        total, start = self._specials, 0
+        while start < len(text):
+            end = min(len(text), start + _COUNT_PIECE)
+            while end < len(text) and not text[end].isspace() and end - start < 2 * _COUNT_PIECE:
+                end += 1
+            total += len(self._plain.encode(text[start:end], add_special_tokens=False).ids)
+            start = end
+        return total
+
+    # ------------------------------------------------------------ async API
+
+    async def _run(self, chars: int, fn: Callable[..., T], *args: Any) -> T:
+        if chars <= _INLINE_CHARS:
+            return fn(*args)
+        # The Rust tokenizer releases the GIL: big batches run beside the event loop.
+        return await asyncio.to_thread(fn, *args)
 
     async def lengths(self, texts: Sequence[str]) -> np.ndarray:
         """Token counts, capped at max_length + 1 (so > max_length means 'too long')."""
-        if sum(len(t) for t in texts) <= _INLINE_CHARS:
-            return self._lengths(texts)
-        # The Rust tokenizer releases the GIL: big batches run beside the event loop.
-        return await asyncio.to_thread(self._lengths, texts)
+        lengths, _ = await self.prepare_lengths(texts)
+        return lengths
+
+    async def prepare_lengths(self, texts: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+        return await self._run(sum(len(t) for t in texts), self._measure, texts)
+
+    async def prepare(
+        self, texts: Sequence[str], *, truncate: bool, names: Names = input_names
+    ) -> tuple[int, list[str]]:
+        """(tokens after truncation, texts for the engine); with truncate=False an over-long
+        text is a 400 that names the client's own field (`names(i)` -> (param, label))."""
+        lengths, cut = await self.prepare_lengths(texts)
+        if self.max_length is None:
+            return int(lengths.sum()), cut
+        too_long = np.flatnonzero(lengths > self.max_length)
+        if too_long.size and not truncate:
+            i = int(too_long[0])
+            full = await asyncio.to_thread(self.full_length, texts[i])
+            raise too_long_error(names(i), full, self.max_length)
+        return int(np.minimum(lengths, self.max_length).sum()), cut
+
+    async def usage(
+        self, texts: Sequence[str], *, truncate: bool, names: Names = input_names
+    ) -> int:
+        """Total tokens after truncation (see prepare)."""
+        tokens, _ = await self.prepare(texts, truncate=truncate, names=names)
+        return tokens
+
+    def needs_cutting(self, texts: Sequence[str]) -> bool:
+        """Whether some text is long enough that the engine should get it cut."""
+        return self.cut_chars is not None and any(len(t) > self.cut_chars for t in texts)
+
+    async def pair_lengths(self, query: str, docs: Sequence[str]) -> np.ndarray:
+        """Tokens of each (query, document) pair, capped at max_length + 1."""
+
+        def count() -> np.ndarray:
+            encodings = self._tok.encode_batch([(query, d) for d in docs])
+            return np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(docs))
+
+        return await self._run(len(query) * len(docs) + sum(len(d) for d in docs), count)
 
     async def pair_usage(self, query: str, docs: Sequence[str]) -> int:
         """Tokens of (query, document) pairs as a cross-encoder sees them, after truncation."""
@@ -136,43 +254,13 @@ class TokenCounter:
         """Cut each text after its first `max_tokens` tokens, at the original characters."""
 
         def cut() -> list[str]:
-            encodings = self._plain.encode_batch(list(texts), add_special_tokens=False)
-            return [
-                text[: enc.offsets[max_tokens - 1][1]] if len(enc.ids) > max_tokens else text
-                for text, enc in zip(texts, encodings, strict=True)
-            ]
+            out = []
+            for text in texts:
+                end = self._cut_after(text, max_tokens)
+                out.append(text if end is None else text[:end])
+            return out
 
         return await asyncio.to_thread(cut)
-
-    def full_length(self, text: str) -> int:
-        """Untruncated token count of one text, for error messages (blocking: run in a thread)."""
-        return len(self._plain.encode(text).ids)
-
-    async def pair_lengths(self, query: str, docs: Sequence[str]) -> np.ndarray:
-        """Tokens of each (query, document) pair, capped at max_length + 1."""
-
-        def count() -> np.ndarray:
-            encodings = self._tok.encode_batch([(query, d) for d in docs])
-            return np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(docs))
-
-        if len(query) * len(docs) + sum(len(d) for d in docs) <= _INLINE_CHARS:
-            return count()
-        return await asyncio.to_thread(count)
-
-    async def usage(
-        self, texts: Sequence[str], *, truncate: bool, names: Names = input_names
-    ) -> int:
-        """Total tokens after truncation; with truncate=False an over-long text is a 400 that
-        names the client's own field (`names(i)` -> (param, label))."""
-        lengths = await self.lengths(texts)
-        if self.max_length is None:
-            return int(lengths.sum())
-        too_long = np.flatnonzero(lengths > self.max_length)
-        if too_long.size and not truncate:
-            i = int(too_long[0])
-            full = await asyncio.to_thread(self.full_length, texts[i])
-            raise too_long_error(names(i), full, self.max_length)
-        return int(np.minimum(lengths, self.max_length).sum())
 
 
 def too_long_error(name: tuple[str, str], tokens: int, limit: int) -> BadRequest:

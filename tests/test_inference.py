@@ -207,3 +207,28 @@ async def test_token_counting_counts_special_tokens_and_truncates(
     cut = await counter.truncate_texts(["one two three four", "five"], 2)
     assert cut == ["one two", "five"]
     assert counter.full_length("word " * 100) == 102
+
+
+async def test_huge_texts_reach_the_engine_cut_but_the_model_keeps_the_same_tokens(
+    counter: TokenCounter, minilm_path: str
+) -> None:
+    import random
+
+    from tokenizers import Tokenizer
+
+    model_tok = Tokenizer.from_file(f"{minilm_path}/tokenizer.json")
+    model_tok.no_padding()
+    model_tok.enable_truncation(16)  # what the model applies
+    rng = random.Random(7)
+    pieces = ["word", "unbelievable", "naïve", "東京", "!", "?!", "x" * 150, "  ", "\n\n", "42"]
+    texts = [" ".join(rng.choice(pieces) for _ in range(rng.randint(50, 3000))) for _ in range(40)]
+    texts += ["   " * 5000 + "late words at the end", "short"]
+    assert counter.cut_chars is not None
+    tokens, prepared = await counter.prepare(texts, truncate=True)
+    for full, cut in zip(texts, prepared, strict=True):
+        assert full.startswith(cut)
+        assert model_tok.encode(cut).ids == model_tok.encode(full).ids
+    assert any(len(c) < len(f) for f, c in zip(texts, prepared, strict=True))
+    assert max(len(c) for c in prepared) < 50 * counter.cut_chars
+    assert tokens == sum(min(len(model_tok.encode(t).ids), 16) for t in texts)
+    assert counter.full_length("word " * 100_000) == 100_002  # counted in pieces
