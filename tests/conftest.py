@@ -142,3 +142,55 @@ def file_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
         yield f"http://127.0.0.1:{httpd.server_address[1]}", root
     finally:
         httpd.shutdown()
+
+
+@pytest.fixture(scope="session")
+def direct_models(trained_models: dict[str, Path], tiny_media_models: dict[str, Path]):  # type: ignore[no-untyped-def]
+    """The test models run directly with transformers: the independent reference values."""
+    import numpy as np
+    import torch
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        CLIPModel,
+        CLIPProcessor,
+    )
+
+    loaded = {
+        name: (
+            AutoModelForSequenceClassification.from_pretrained(trained_models[name]).eval(),
+            AutoTokenizer.from_pretrained(trained_models[name]),
+        )
+        for name in ("reranker", "classifier")
+    }
+    clip = CLIPModel.from_pretrained(tiny_media_models["clip"]).eval()
+    clip_proc = CLIPProcessor.from_pretrained(tiny_media_models["clip"])
+
+    def logits(name: str, *texts: str | list[str], max_length: int = 512) -> np.ndarray:
+        model, tok = loaded[name]
+        enc = tok(
+            *texts,
+            truncation="longest_first",
+            max_length=max_length,
+            padding=True,
+            return_tensors="pt",
+        )
+        with torch.no_grad():
+            return model(**enc).logits.numpy()
+
+    def rerank(query: str, docs: list[str], max_length: int = 512) -> list[float]:
+        out = logits("reranker", [query] * len(docs), docs, max_length=max_length)
+        return [float(v) for v in 1 / (1 + np.exp(-out[:, 0]))]
+
+    def classify(texts: list[str], max_length: int = 512) -> np.ndarray:
+        return logits("classifier", texts, max_length=max_length)
+
+    def clip_text(text: str, max_length: int) -> np.ndarray:
+        enc = clip_proc(
+            text=[text], return_tensors="pt", padding=True, truncation=True, max_length=max_length
+        )
+        with torch.no_grad():
+            v = clip.get_text_features(**enc)[0].numpy()
+        return v / np.linalg.norm(v)
+
+    return {"rerank": rerank, "classify": classify, "clip_text": clip_text}

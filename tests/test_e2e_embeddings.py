@@ -185,3 +185,15 @@ def test_no_truncate_setting_refuses_long_input_with_index_and_length(minilm_pat
         message = info.value.message
         assert "input[1]" in message and "302 tokens" in message and "256" in message
         assert client.embeddings.create(model=MODEL, input="short").usage.prompt_tokens == 3
+
+
+def test_one_long_token_id_array_is_one_input(client, st_model) -> None:  # type: ignore[no-untyped-def]
+    import tiktoken
+
+    enc = tiktoken.get_encoding("cl100k_base")
+    text = "The quick brown fox jumps over the lazy dog. " * 300
+    ids = enc.encode(text)
+    assert len(ids) > 2048  # more ids than the most inputs a request may carry
+    resp = client.embeddings.create(model=MODEL, input=ids, encoding_format="float")
+    assert len(resp.data) == 1 and resp.usage.prompt_tokens == 256  # truncated, one input
+    _assert_matches(resp.data[0].embedding, st_model.encode(enc.decode(ids)))

@@ -87,3 +87,20 @@ def test_openai_sdk_reads_multivector_float_responses(colbert_server: RemoteServ
     resp = client.embeddings.create(model="colbert", input=TEXT, encoding_format="float")
     vectors = resp.data[0].embedding
     assert isinstance(vectors, list) and len(vectors[0]) == 384  # type: ignore[arg-type]
+
+
+def test_rerank_and_classify_on_a_multi_vector_model_say_what_it_can_do(
+    colbert_server: RemoteServer,
+) -> None:
+    for path, body in (
+        ("/v1/rerank", {"model": "colbert", "query": "q", "documents": ["a", "b"]}),
+        ("/v2/rerank", {"model": "colbert", "query": "q", "documents": ["a", "b"]}),
+        ("/v1/classify", {"model": "colbert", "input": "x"}),
+    ):
+        r = httpx.post(colbert_server.url + path, json=body)
+        assert r.status_code == 400, (path, r.text)
+        error = r.json()["error"]
+        assert error["param"] == "model" and error["code"] == "model_not_supported"
+        assert "multi-vector" in error["message"] and "it can: embed" in error["message"]
+    card = httpx.get(colbert_server.base_url + "/models/colbert").json()
+    assert card["capabilities"] == ["embed"]

@@ -134,12 +134,27 @@ def test_malformed_and_hostile_bodies_are_4xx(secured: RemoteServer, body: bytes
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
 
 
-def test_hostile_rerank_numbers_are_4xx_or_ok(secured: RemoteServer) -> None:
+@pytest.mark.parametrize(
+    ("extra", "status", "param"),
+    [
+        ({"top_n": 10**30}, 200, None),  # more than there are documents: all of them
+        ({"max_tokens_per_doc": 10**30}, 200, None),  # above the model's own limit: no cut
+        ({"top_n": -5}, 400, "top_n"),
+        ({"top_n": 0}, 400, "top_n"),
+        ({"max_tokens_per_doc": 0}, 400, "max_tokens_per_doc"),
+    ],
+)
+def test_hostile_rerank_numbers(
+    secured: RemoteServer, extra: dict[str, int], status: int, param: str | None
+) -> None:
     headers = {"Authorization": "Bearer key-one"}
-    for extra in ({"top_n": 10**30}, {"max_tokens_per_doc": 10**30}, {"top_n": -5}):
-        body = {"model": MODEL, "query": "q", "documents": ["a", "b"], **extra}
-        r = httpx.post(secured.url + "/v2/rerank", json=body, headers=headers)
-        assert r.status_code in (200, 400), r.text
+    body = {"model": MODEL, "query": "q", "documents": ["a", "b"], **extra}
+    r = httpx.post(secured.url + "/v2/rerank", json=body, headers=headers)
+    assert r.status_code == status, r.text
+    if status == 200:
+        assert sorted(x["index"] for x in r.json()["results"]) == [0, 1]
+    else:
+        assert r.json()["error"]["param"] == param
 
 
 def test_request_ids_are_honoured_or_made(secured: RemoteServer) -> None:
@@ -191,11 +206,24 @@ def test_metrics_count_requests_inputs_tokens_and_models(secured: RemoteServer) 
     assert _metric(after, "openai_compat_model_load_seconds", model=MODEL) > 0
 
 
-def test_overload_answers_429_fast_and_stays_healthy() -> None:
-    with RemoteServer(["--max-queued-inputs", "64"]) as srv:
+@pytest.fixture(scope="module")
+def debug_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("reliability") / "debug.toml"
+    path.write_text('[[models]]\nname = "debug"\nmodel = "debug/engine"\nengine = "debugengine"\n')
+    return path
+
+
+def test_overload_answers_429_fast_and_stays_healthy(debug_config: Path) -> None:
+    """60 requests of 16 inputs at once against a queue of 64 inputs, on an engine that takes
+    0.2 s per batch (tests/slow_engine.py): the first 4 fit, the rest are refused at once."""
+    with RemoteServer(
+        ["--config", str(debug_config), "--max-queued-inputs", "64"],
+        env={"OPENAI_COMPAT_TEST_BATCH_SECONDS": "0.2"},
+        slow_engine=True,
+    ) as srv:
         pid = srv.proc.pid
-        text = "The quick brown fox jumps over the lazy dog by the river. " * 2
-        body = {"model": MODEL, "input": [text] * 16, "encoding_format": "base64"}
+        text = "The quick brown fox jumps over the lazy dog by the river. "
+        body = {"model": "debug", "input": [text] * 16, "encoding_format": "base64"}
         baseline = _rss_kib(pid)
         health_latencies: list[float] = []
 
@@ -217,7 +245,7 @@ def test_overload_answers_429_fast_and_stays_healthy() -> None:
         responses = asyncio.run(burst())
         statuses = [r.status_code for r in responses]
         assert set(statuses) <= {200, 429}
-        assert statuses.count(429) > 0 and statuses.count(200) >= 4
+        assert statuses.count(200) >= 4 and statuses.count(429) >= 30, statuses
         for r in responses:
             if r.status_code == 429:
                 assert r.headers["retry-after"] == "1"
@@ -226,21 +254,26 @@ def test_overload_answers_429_fast_and_stays_healthy() -> None:
                 data = r.json()["data"]
                 assert len(data) == 16
                 first = np.frombuffer(__import__("base64").b64decode(data[0]["embedding"]), "<f4")
-                assert first.shape == (384,) and abs(np.linalg.norm(first) - 1) < 1e-4
+                np.testing.assert_array_equal(first, np.full(13, len(text)))  # debug engine
         assert max(health_latencies) < 1.0, health_latencies
         metrics = httpx.get(srv.url + "/metrics").text
         assert _metric(
             metrics, "openai_compat_rejected_requests_total", reason="overloaded"
         ) == statuses.count(429)
-        assert _metric(metrics, "openai_compat_queued_inputs", model=MODEL) == 0
+        assert _metric(metrics, "openai_compat_queued_inputs", model="debug") == 0
         time.sleep(1)
         assert _rss_kib(pid) < baseline + 150 * 1024  # back near the baseline (MiB slack)
 
 
-def test_clients_that_disconnect_leave_no_work_behind() -> None:
-    with RemoteServer() as srv:
-        text = "word " * 120  # ~120 tokens: 3 x 1024 of them take ~40 s on 2 cores
-        body = {"model": MODEL, "input": [f"{i} {text}" for i in range(1024)]}
+def test_clients_that_disconnect_leave_no_work_behind(debug_config: Path) -> None:
+    """Three requests of 1024 inputs (32 batches of 0.5 s each: 48 s of work) whose clients
+    give up after 1 s: their queued items are skipped, not computed."""
+    with RemoteServer(
+        ["--config", str(debug_config)],
+        env={"OPENAI_COMPAT_TEST_BATCH_SECONDS": "0.5"},
+        slow_engine=True,
+    ) as srv:
+        body = {"model": "debug", "input": [f"{i} words" for i in range(1024)]}
         for _ in range(3):
             with pytest.raises(httpx.TimeoutException):
                 httpx.post(srv.base_url + "/embeddings", json=body, timeout=1.0)
@@ -248,17 +281,17 @@ def test_clients_that_disconnect_leave_no_work_behind() -> None:
         time.sleep(0.5)
         metrics = httpx.get(srv.url + "/metrics").text
         assert _metric(metrics, "openai_compat_cancelled_requests_total") == 3
-        assert _metric(metrics, "openai_compat_queued_inputs", model=MODEL) == 0
+        assert _metric(metrics, "openai_compat_queued_inputs", model="debug") == 0
         assert _metric(metrics, "openai_compat_requests_total", status="499") == 3
-        # Cancelled items are skipped when the batcher reaches them: only the batches already
-        # handed to the model finish, so the engine queue empties long before 3072 inputs
-        # could have been computed.
+        # Only the batches already handed to the model finish: the engine queue empties
+        # long before 3072 inputs (48 s) could have been computed.
         while _metric(httpx.get(srv.url + "/metrics").text, "openai_compat_engine_queue_items") > 0:
-            assert time.perf_counter() - gone < 15, "cancelled work is being computed"
+            assert time.perf_counter() - gone < 10, "cancelled work is being computed"
             time.sleep(0.2)
         t0 = time.perf_counter()
         r = httpx.post(
-            srv.base_url + "/embeddings", json={"model": MODEL, "input": "hi"}, timeout=60
+            srv.base_url + "/embeddings", json={"model": "debug", "input": "hi"}, timeout=60
         )
         assert r.status_code == 200
+        # behind at most the few batches infinity had already taken from its queue
         assert time.perf_counter() - t0 < 10

@@ -6,6 +6,9 @@ sentences the models never saw, not only shapes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import cohere
 import httpx
 import pytest
@@ -281,3 +284,135 @@ def test_models_list_shows_each_capability(multi_server: RemoteServer) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.embeddings.create(model="reranker", input="x")
     assert "rerank" in info.value.message
+
+
+# ---------------------------------------------------------------- token limits per model kind
+
+
+@pytest.fixture(scope="module")
+def limited_server(
+    tmp_path_factory: pytest.TempPathFactory,
+    trained_models: dict[str, Path],
+    tiny_media_models: dict[str, Path],
+) -> Iterator[RemoteServer]:
+    """Every kind of model with a configured max_length; MiniLM refuses over-long input."""
+    cfg = tmp_path_factory.mktemp("limited") / "models.toml"
+    cfg.write_text(
+        f'[[models]]\nname = "clip"\nmodel = "{tiny_media_models["clip"]}"\nmax_length = 10\n'
+        '[[models]]\nname = "minilm"\nmodel = "builtin:all-MiniLM-L6-v2"\nmax_length = 20\n'
+        "truncate = false\n"
+        f'[[models]]\nname = "reranker"\nmodel = "{trained_models["reranker"]}"\n'
+        "max_length = 32\n"
+        f'[[models]]\nname = "sentiment"\nmodel = "{trained_models["classifier"]}"\n'
+        "max_length = 16\n"
+    )
+    with RemoteServer(["--config", str(cfg)]) as srv:
+        yield srv
+
+
+FILLER = " and then some more words follow here" * 40
+
+
+def test_each_model_reports_the_limit_it_applies(limited_server: RemoteServer) -> None:
+    cards = httpx.get(limited_server.base_url + "/models").json()["data"]
+    limits = {c["id"]: c["max_input_tokens"] for c in cards}
+    assert limits == {"clip": 10, "minilm": 20, "reranker": 32, "sentiment": 16}
+
+
+def test_cross_encoder_truncates_pairs_at_its_configured_limit(
+    limited_server: RemoteServer,
+    direct_models,  # type: ignore[no-untyped-def]
+) -> None:
+    docs = [d + FILLER for d in DOCS]
+    body = _post(
+        limited_server, "/v2/rerank", {"model": "reranker", "query": QUERY, "documents": docs}
+    ).json()
+    assert body["usage"]["total_tokens"] == 32 * len(docs)
+    expected = direct_models["rerank"](QUERY, docs, max_length=32)
+    got = {r["index"]: r["relevance_score"] for r in body["results"]}
+    assert got == {i: pytest.approx(v, abs=1e-4) for i, v in enumerate(expected)}
+
+
+def test_huge_documents_score_as_the_model_scores_them_whole(
+    multi_server: RemoteServer,
+    direct_models,  # type: ignore[no-untyped-def]
+) -> None:
+    """Documents far past the limit reach the engine cut; the scores must not change."""
+    docs = [d + FILLER * 30 for d in DOCS]  # ~50k characters each
+    body = _post(
+        multi_server, "/v2/rerank", {"model": "reranker", "query": QUERY, "documents": docs}
+    ).json()
+    assert body["usage"]["total_tokens"] == 512 * len(docs)
+    expected = direct_models["rerank"](QUERY, docs, max_length=512)
+    got = {r["index"]: r["relevance_score"] for r in body["results"]}
+    assert got == {i: pytest.approx(v, abs=1e-4) for i, v in enumerate(expected)}
+
+
+def test_classifier_truncates_at_its_configured_limit(
+    limited_server: RemoteServer,
+    direct_models,  # type: ignore[no-untyped-def]
+) -> None:
+    import numpy as np
+
+    text = UNSEEN[0][0] + FILLER
+    probs = _post(limited_server, "/v1/classify", {"model": "sentiment", "input": text}).json()
+    raw = _post(
+        limited_server,
+        "/v1/classify",
+        {"model": "sentiment", "input": text, "raw_scores": True},
+    ).json()
+    assert probs["usage"]["total_tokens"] == 16 == raw["usage"]["total_tokens"]
+    logits = direct_models["classify"]([text], max_length=16)[0]
+    expected = np.exp(logits) / np.exp(logits).sum()
+    by_label = {x["label"]: x["score"] for x in probs["data"][0]["labels"]}
+    assert by_label["negative"] == pytest.approx(float(expected[0]), abs=1e-4)
+    assert by_label["positive"] == pytest.approx(float(expected[1]), abs=1e-4)
+    raw_by_label = {x["label"]: x["score"] for x in raw["data"][0]["labels"]}
+    assert raw_by_label["positive"] == pytest.approx(float(logits[1]), abs=1e-4)
+
+
+def test_clip_text_side_truncates_at_its_configured_limit(
+    limited_server: RemoteServer,
+    direct_models,  # type: ignore[no-untyped-def]
+) -> None:
+    import numpy as np
+
+    text = "a red square on a white table " * 8
+    body = _post(limited_server, "/v1/embeddings", {"model": "clip", "input": text}).json()
+    assert body["usage"]["prompt_tokens"] == 10
+    got = np.asarray(body["data"][0]["embedding"])
+    np.testing.assert_allclose(got, direct_models["clip_text"](text, 10), atol=1e-5)
+
+
+def test_refusals_name_the_clients_own_fields(limited_server: RemoteServer) -> None:
+    long = "word " * 40
+    cases = [
+        ("/v1/embeddings", {"model": "minilm", "input": ["ok", long]}, "input", "input[1]:"),
+        (
+            "/v2/rerank",
+            {"model": "minilm", "query": "q", "documents": ["a", long]},
+            "documents",
+            "documents[1]:",
+        ),
+        ("/v2/rerank", {"model": "minilm", "query": long, "documents": ["a"]}, "query", "query:"),
+        ("/embed", {"sentences": [long], "model_index": 1}, "sentences", "sentences[0]:"),
+        ("/rerank", {"query": "q", "docs": ["a", "b", long], "model_index": 1}, "docs", "docs[2]:"),
+    ]
+    for path, body, param, prefix in cases:
+        r = _post(limited_server, path, body)
+        assert r.status_code == 400, (path, r.text)
+        error = r.json()["error"]
+        assert error["param"] == param and error["code"] == "input_too_long", (path, error)
+        assert error["message"].startswith(prefix), (path, error["message"])
+        assert "42 tokens" in error["message"] and "20" in error["message"]
+
+
+def test_a_limit_the_model_cannot_take_stops_start_up(tmp_path: Path) -> None:
+    cfg = tmp_path / "too-long.toml"
+    cfg.write_text('[[models]]\nmodel = "builtin:all-MiniLM-L6-v2"\nmax_length = 1000\n')
+    srv = RemoteServer(["--config", str(cfg)], wait_ready=False)
+    try:
+        assert srv.proc.wait(120) == 1
+        assert "max_length 1000 is more than this model takes (512)" in srv.output()
+    finally:
+        srv.stop()

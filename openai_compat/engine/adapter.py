@@ -115,7 +115,8 @@ def _torch_model(replica: Any) -> Any | None:
 
 
 def position_limit(replica: Any) -> int | None:
-    """The most tokens the model's (text) encoder can take at all."""
+    """The most tokens the model's (text) encoder can take at all: its position embeddings
+    (the tokenizer's model_max_length where those are unknown)."""
     model = _torch_model(replica)
     config = getattr(model, "config", None)
     text = getattr(config, "text_config", None) or config
@@ -124,8 +125,20 @@ def position_limit(replica: Any) -> int | None:
     if isinstance(positions, int) and ("roberta" in model_type or model_type == "clap_text_model"):
         # RoBERTa-style position ids start after the padding index: two fewer usable slots.
         positions -= int(getattr(text, "pad_token_id", 1) or 1) + 1
-    tok_limit = getattr(hf_tokenizer(replica), "model_max_length", None)
-    limits = [v for v in (positions, tok_limit) if isinstance(v, int) and 0 < v < _NO_LIMIT]
+    if isinstance(positions, int) and 0 < positions < _NO_LIMIT:
+        return positions
+    return _tokenizer_limit(replica)
+
+
+def _tokenizer_limit(replica: Any) -> int | None:
+    value = getattr(hf_tokenizer(replica), "model_max_length", None)
+    return value if isinstance(value, int) and 0 < value < _NO_LIMIT else None
+
+
+def default_limit(replica: Any) -> int | None:
+    """The limit a model is served with unless configured: what its tokenizer says (the
+    length it was trained for), within what its encoder can take."""
+    limits = [v for v in (position_limit(replica), _tokenizer_limit(replica)) if v is not None]
     return min(limits) if limits else None
 
 
@@ -157,7 +170,7 @@ def apply_max_length(replica: Any, max_length: int | None) -> int | None:
         if max_length is not None:
             replica.max_seq_length = max_length
     elif kind in ("crossencoder", "classifier"):
-        limit = max_length or ceiling
+        limit = max_length or default_limit(replica)
         if limit is not None:
             for tok in (hf_tokenizer(replica), getattr(replica, "_infinity_tokenizer", None)):
                 if tok is not None:
@@ -165,7 +178,7 @@ def apply_max_length(replica: Any, max_length: int | None) -> int | None:
     elif kind in ("clip", "clap"):
         # infinity-emb reads `config.max_length`, which for these models is transformers'
         # generation default (20), not the text encoder's limit: texts would be cut at 20.
-        limit = max_length or ceiling
+        limit = max_length or default_limit(replica)
         if limit is not None:
             replica.max_length = limit
     elif max_length is not None:
