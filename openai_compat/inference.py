@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from openai_compat.engine import adapter
 from openai_compat.errors import BadRequest, ModelOutputError
 from openai_compat.media import MediaFetcher, Modality
 from openai_compat.registry import ModelEntry
@@ -97,23 +98,25 @@ class EmbedResult:
 async def embed_texts(
     entry: ModelEntry, texts: Sequence[str], settings: Settings, names: Names = input_names
 ) -> EmbedResult:
-    """Embed texts; usage counts the model's own tokens after truncation."""
+    """Embed texts; usage counts the model's own tokens after truncation.
+
+    Where the engine reports each embedding's tokens (entry.engine_counts) that count is
+    used; otherwise the model's tokenizer counts beside the engine.
+    """
     truncate = truncate_for(entry, settings)
     counter = entry.counter
     with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
-        if counter is None:
-            vectors, usage = await entry.engine.embed(list(texts))
-            return EmbedResult(vectors, int(usage))
-        if not truncate or counter.needs_cutting(texts):
+        if counter is not None and (not truncate or counter.needs_cutting(texts)):
             # Measure first: over-long input is refused before it costs engine time, and
             # huge texts reach the engine cut a few tokens past the model's limit.
             tokens, prepared = await counter.prepare(texts, truncate=truncate, names=names)
             vectors, usage = await entry.engine.embed(prepared)
             exact = settings.count_tokens or not truncate
             return EmbedResult(vectors, tokens if exact else int(usage))
-        if not settings.count_tokens:
+        if counter is None or not settings.count_tokens or entry.engine_counts:
             vectors, usage = await entry.engine.embed(list(texts))
-            return EmbedResult(vectors, int(usage))
+            counted = adapter.engine_token_count(vectors) if settings.count_tokens else None
+            return EmbedResult(vectors, int(usage) if counted is None else counted)
         tokens, (vectors, _) = await asyncio.gather(
             counter.usage(texts, truncate=True), entry.engine.embed(list(texts))
         )

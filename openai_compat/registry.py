@@ -48,6 +48,7 @@ class ModelEntry:
     token_decoder: Any | None = None  # Cl100kDecoder | ModelTokenIdDecoder | None
     logits: adapter.LogitsRunner | None = None  # raw classification logits (classifiers)
     multivector: bool = False  # one vector per token (ColBERT-style), not one per input
+    engine_counts: bool = False  # the engine reports each embedding's tokens (no 2nd pass)
     image_tokens: int = 0  # tokens one image is to the model (ViT patches + class token)
     sampling_rate: int | None = None  # what audio inputs must be sampled at
     cosine_rerank: bool = False  # reranks by embedding similarity (no cross-encoder)
@@ -237,8 +238,13 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         decoder = ModelTokenIdDecoder(backend)
     dimensions = None
     multivector = False
+    engine_counts = False
     if "embed" in caps:
+        counting = adapter.count_tokens_in_engine(replica)
         vectors, _ = await engine.embed(["dimension probe"])
+        # Trust the engine's counts only if they arrive and match the model's tokenizer.
+        expected = await counter.usage(["dimension probe"], truncate=True) if counter else None
+        engine_counts = counting and adapter.engine_token_count(vectors) == expected
         probe = np.asarray(vectors[0])
         dimensions = int(probe.shape[-1])
         multivector = probe.ndim == 2
@@ -255,6 +261,7 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         token_decoder=decoder,
         logits=adapter.LogitsRunner.for_replica(replica, config.served_name),
         multivector=multivector,
+        engine_counts=engine_counts,
         image_tokens=adapter.image_tokens(replica) if "image" in caps else 0,
         sampling_rate=adapter.sampling_rate(replica) if "audio" in caps else None,
         cosine_rerank="embed" in native and "rerank" in caps,

@@ -131,3 +131,22 @@ def test_a_moved_attribute_is_reported_by_name() -> None:
     problems = adapter.contract_problems(Started())
     assert any("BatchHandler._queue_prio is gone" in p for p in problems)
     assert any("BatchHandler._push_task is gone" in p for p in problems)
+
+
+@pytest.mark.parametrize("kind", ["embedder", "crossencoder", "classifier", "clip", "other"])
+def test_the_engine_counts_tokens_where_it_can(engines: dict[str, Any], kind: str) -> None:
+    engine, loop = engines[kind], engines["_loop"]
+    replica = adapter.replica_of(engine)
+    installed = adapter.count_tokens_in_engine(replica)
+    assert installed == (kind == "embedder")
+    if not installed:
+        return
+    adapter.apply_max_length(replica, 256)
+    texts = ["hello world", "word " * 400, ""]
+    vectors, _ = loop.run_until_complete(engine.embed(texts))
+    # [CLS] hello world [SEP]; the long one truncated at 256; "" is [CLS] [SEP]
+    assert [v.tokens for v in vectors] == [4, 256, 2]
+    assert adapter.engine_token_count(vectors) == 262
+    assert (
+        adapter.engine_token_count([*vectors, vectors[0].view(type(vectors[0]).__base__)]) is None
+    )

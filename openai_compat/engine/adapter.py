@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 Kind = Literal["embedder", "crossencoder", "classifier", "clip", "clap", "other"]
 
 # Class names of infinity-emb's torch replicas -> what kind of model they hold.
@@ -273,3 +275,64 @@ def contract_problems(engine: Any) -> list[str]:
     if handler is not None and not hasattr(handler, "_push_task"):
         problems.append("infinity-emb changed: BatchHandler._push_task is gone")
     return problems
+
+
+# ---------------------------------------------------------------- usage from the engine
+
+
+class TokenCountedArray(np.ndarray):
+    """An embedding that carries how many tokens the model saw for it (specials included,
+    after truncation): read from the attention mask of the engine's own tokenisation."""
+
+    tokens: int = 0
+
+
+def count_tokens_in_engine(replica: Any) -> bool:
+    """Make the engine report each input's token count with its embedding, from the
+    tokenisation it does anyway (no second tokeniser pass on the request path).
+
+    infinity-emb runs encode_pre -> encode_core -> encode_post per batch, in that order, on
+    three threads; the counts ride along with the batch from the first to the last. Only for
+    sentence-transformers embedders with one vector per input; False where not installed.
+    """
+    if kind_of(replica) != "embedder" or getattr(replica, "mode_colbert", False):
+        return False
+    pre, core, post = replica.encode_pre, replica.encode_core, replica.encode_post
+
+    def encode_pre(sentences: list[str]) -> tuple[Any, list[int] | None]:
+        features = pre(sentences)
+        mask = features.get("attention_mask") if isinstance(features, dict) else None
+        return features, (mask.sum(dim=1).tolist() if mask is not None else None)
+
+    def encode_core(packed: tuple[Any, list[int] | None]) -> tuple[Any, list[int] | None]:
+        features, counts = packed
+        return core(features), counts
+
+    def encode_post(packed: tuple[Any, list[int] | None]) -> Any:
+        out, counts = packed
+        results = post(out)
+        if counts is None or len(counts) != len(results):
+            return results
+        counted = []
+        for row, n in zip(results, counts, strict=True):
+            array = np.asarray(row).view(TokenCountedArray)
+            array.tokens = int(n)
+            counted.append(array)
+        return counted
+
+    replica.encode_pre, replica.encode_core, replica.encode_post = (
+        encode_pre,
+        encode_core,
+        encode_post,
+    )
+    return True
+
+
+def engine_token_count(vectors: Sequence[Any]) -> int | None:
+    """Tokens the engine counted for these embeddings; None if it did not count them."""
+    total = 0
+    for v in vectors:
+        if not isinstance(v, TokenCountedArray):
+            return None
+        total += v.tokens
+    return total
