@@ -36,12 +36,12 @@ from openai_compat.settings import Settings
 logger = logging.getLogger("openai_compat")
 
 
-async def _load(registry: Registry, lifecycle: Lifecycle) -> None:
+async def _load(registry: Registry, lifecycle: Lifecycle, settings: Settings) -> None:
     try:
         # Import the engine (torch: seconds) off the event loop, then undo its logging setup.
         await in_daemon_thread(importlib.import_module, "infinity_emb", name="import")
         logs.reclaim_root()
-        await load_models(registry)
+        await load_models(registry, settings.exports())
     except EngineFailure as exc:
         lifecycle.fail(str(exc))
     except Exception as exc:  # the loader must never die silently
@@ -73,7 +73,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         if registry.complete:
             lifecycle.ready()
         else:
-            loader = asyncio.create_task(_load(registry, lifecycle), name="load-models")
+            loader = asyncio.create_task(_load(registry, lifecycle, settings), name="load-models")
         try:
             yield
         finally:

@@ -100,18 +100,33 @@ def serve(settings: Settings) -> int:
 
 
 def download(settings: Settings) -> int:
-    """Fetch every hub model of the configuration into the Hugging Face cache."""
+    """Fetch every hub model of the configuration into the Hugging Face cache, and make the
+    ONNX exports of models served with engine = "onnx", so replicas start without either."""
     from pathlib import Path
 
     from huggingface_hub import snapshot_download
+
+    from openai_compat.engine import backends
 
     for model in settings.served_models():
         source = model.source
         if Path(source).exists():
             print(f"{model.served_name}: local folder {source}, nothing to download")
-            continue
-        path = snapshot_download(source, revision=model.revision)
-        print(f"{model.served_name}: {source} -> {path}")
+        else:
+            path = snapshot_download(source, revision=model.revision)
+            print(f"{model.served_name}: {source} -> {path}")
+        if model.engine in backends.BACKENDS:
+            export = backends.prepare(
+                source,
+                name=model.served_name,
+                revision=model.revision,
+                backend=model.engine,
+                quantize=model.quantize,
+                export_dir=settings.exports(),
+            )
+            print(
+                f"{model.served_name}: {model.engine} export -> {export.folder / export.file_name}"
+            )
     return 0
 
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -185,6 +186,8 @@ _VERB: dict[str, str] = {
 def engine_args(config: ModelConfig) -> Any:
     from infinity_emb import EngineArgs
 
+    from openai_compat.engine.backends import BACKENDS
+
     options: dict[str, Any] = dict(
         model_name_or_path=config.source,
         served_model_name=config.served_name,
@@ -201,20 +204,43 @@ def engine_args(config: ModelConfig) -> Any:
         # Priorities by character length: our own counter does the real token counting.
         lengths_via_tokenize=False,
     )
+    if config.engine in BACKENDS:
+        # infinity-emb's torch embedder batches; its transformer is swapped for the export
+        # (create_engine), so the torch weights need no warm-up or acceleration.
+        options.update(
+            engine="torch",
+            device="cpu",
+            model_warmup=False,
+            bettertransformer=False,
+            compile=False,
+        )
     return EngineArgs(**options)
 
 
-def create_engine(config: ModelConfig) -> Any:
+def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
     """Build (load weights of) one infinity-emb engine. Blocking: run it in a thread."""
     from infinity_emb import AsyncEmbeddingEngine
+
+    from openai_compat.engine import backends
 
     try:
         args = engine_args(config)
     except (KeyError, ValueError, TypeError) as exc:
         raise EngineFailure(f"model {config.served_name!r}: invalid engine options: {exc}") from exc
     engine = AsyncEmbeddingEngine.from_args(args)
+    replica = adapter.replica_of(engine)
     try:
-        adapter.apply_max_length(adapter.replica_of(engine), config.max_length)
+        if config.engine in backends.BACKENDS:
+            export = backends.prepare(
+                config.source,
+                name=config.served_name,
+                revision=config.revision,
+                backend=config.engine,
+                quantize=config.quantize,
+                export_dir=export_dir or backends.default_export_dir(),
+            )
+            adapter.use_transformer_module(replica, backends.load_module(export))
+        adapter.apply_max_length(replica, config.max_length)
     except ValueError as exc:
         raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
     return engine
@@ -268,14 +294,16 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
     )
 
 
-async def load_models(registry: Registry) -> None:
+async def load_models(registry: Registry, export_dir: Path | None = None) -> None:
     """Load, start and register every configured model in order."""
     cl100k = await in_daemon_thread(Cl100kDecoder, name="cl100k")
     for config in registry.configs:
         started = time.perf_counter()
         logger.info("loading model %r from %s", config.served_name, config.model)
         try:
-            engine = await in_daemon_thread(create_engine, config, name=config.served_name)
+            engine = await in_daemon_thread(
+                create_engine, config, export_dir, name=config.served_name
+            )
             registry.engines.append(engine)
             await engine.astart()
             entry = await describe(config, engine, cl100k)

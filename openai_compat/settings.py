@@ -14,7 +14,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "OPENAI_COMPAT_"
 BUILTIN_PREFIX = "builtin:"
@@ -44,7 +51,14 @@ class ModelConfig(BaseModel):
     )
     name: str | None = Field(None, description="Served model name (default: MODEL's last part).")
     aliases: tuple[str, ...] = Field((), description="Other names clients may use.")
-    engine: str = Field("torch", description="infinity-emb engine: torch, optimum, debugengine...")
+    engine: str = Field(
+        "torch",
+        description="torch (infinity-emb's default), onnx (ONNX Runtime on CPU, exported once "
+        "and cached), or another infinity-emb engine: optimum, debugengine...",
+    )
+    quantize: Literal["int8"] | None = Field(
+        None, description="With engine = 'onnx': 'int8' serves a dynamically quantised export."
+    )
     device: str = Field("auto", description="cpu, cuda, mps or auto.")
     batch_size: int = Field(32, ge=1, le=65536, description="Maximum dynamic batch size.")
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
@@ -83,6 +97,12 @@ class ModelConfig(BaseModel):
         if not value.strip():
             raise ValueError("model must not be empty")
         return value
+
+    @model_validator(mode="after")
+    def _quantize_needs_a_backend(self) -> ModelConfig:
+        if self.quantize is not None and self.engine != "onnx":
+            raise ValueError("quantize applies to engine = 'onnx' only")
+        return self
 
 
 def default_served_name(model: str) -> str:
@@ -187,7 +207,16 @@ class Settings(BaseModel):
     max_audio_seconds: float = _opt(
         60.0, "Longest audio item in seconds; checked from its header before decoding.", gt=0
     )
+    export_dir: Path | None = _opt(
+        None,
+        "Where ONNX exports of models are cached (default: $HF_HOME/openai-compat-exports).",
+    )
     models: tuple[ModelConfig, ...] = _opt((), "Models from the config file.", cli=False)
+
+    def exports(self) -> Path:
+        from openai_compat.engine.backends import default_export_dir
+
+        return self.export_dir or default_export_dir()
 
     @field_validator("api_key")
     @classmethod

