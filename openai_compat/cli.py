@@ -68,6 +68,16 @@ def _add_settings_flags(serve: argparse.ArgumentParser) -> None:
 
 def serve(settings: Settings) -> int:
     """Run until stopped; 1 if a model failed to load."""
+    import importlib
+    import threading
+
+    # The engine's imports (torch, transformers: seconds) start now, beside the web stack's.
+    threading.Thread(
+        target=importlib.import_module,
+        args=("infinity_emb",),
+        name="model-load-import",
+        daemon=True,
+    ).start()
     from openai_compat.app import create_app
     from openai_compat.lifecycle import loaders_running
     from openai_compat.server import DrainingServer

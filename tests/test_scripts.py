@@ -61,6 +61,8 @@ def test_bench_short_mode_runs_and_writes_its_outputs(tmp_path: Path) -> None:
             "0.5",
             "--warmup",
             "0.2",
+            "--rounds",
+            "2",
             "--out-dir",
             str(tmp_path),
         ],
@@ -70,15 +72,20 @@ def test_bench_short_mode_runs_and_writes_its_outputs(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "[bench] round 1/1" in out.stderr  # progress
+    assert "[bench] round 2/2" in out.stderr  # progress
     assert "vs infinity" in out.stdout and "debug/n1/float/text/c2" in out.stdout
+    assert "spread" in out.stdout
     report = json.loads((tmp_path / "results.json").read_text())
     systems = {r["system"] for r in report["runs"]}
     assert systems == {"ours", "infinity", "inprocess"}
     for run in report["runs"]:
         assert run["requests"] > 0 and run["errors"] == 0
         assert run["p50_ms"] > 0
+    assert report["machine"]["generator_cpus"] and report["machine"]["server_cpus"]
     ours = [r for r in report["summary"] if r["system"] == "ours"]
-    assert all(r["ours_vs_infinity"].endswith("x") for r in ours)
+    for row in ours:
+        ratio = row["ours_vs_infinity"]
+        assert row["rounds"] == 2 and ratio["min"] <= ratio["max"] and ratio["median"] > 0
+        assert row["requests_per_s_min"] <= row["requests_per_s"] <= row["requests_per_s_max"]
     png = (tmp_path / "throughput.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
