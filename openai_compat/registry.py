@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -297,7 +296,7 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
 
 
 async def load_models(registry: Registry, export_dir: Path | None = None) -> None:
-    """Load, start and warm every configured model, all at once; register them in order."""
+    """Load, start and warm every configured model in order, and register it."""
     cl100k = await in_daemon_thread(Cl100kDecoder, name="cl100k")
 
     async def load(config: ModelConfig) -> ModelEntry:
@@ -330,10 +329,11 @@ async def load_models(registry: Registry, export_dir: Path | None = None) -> Non
         )
         return entry
 
-    # Weights load in parallel (disk reads and device copies overlap); the first failure
-    # stops the server, as a sequential load would.
-    for entry in await asyncio.gather(*(load(c) for c in registry.configs)):
-        registry.add(entry)
+    # One at a time: transformers' from_pretrained builds models under process-global
+    # contexts (meta-device init), and two loads in parallel threads corrupt each other
+    # ("Cannot copy out of meta tensor").
+    for config in registry.configs:
+        registry.add(await load(config))
 
 
 async def warm_up(entry: ModelEntry) -> None:
