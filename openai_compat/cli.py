@@ -126,14 +126,7 @@ def download(settings: Settings) -> int:
             path = snapshot_download(source, revision=model.revision)
             print(f"{model.served_name}: {source} -> {path}")
         if model.engine in backends.BACKENDS:
-            export = backends.prepare(
-                source,
-                name=model.served_name,
-                revision=model.revision,
-                backend=model.engine,
-                quantize=model.quantize,
-                export_dir=settings.exports(),
-            )
+            export = backends.prepare_for(model, settings.exports())
             print(
                 f"{model.served_name}: {model.engine} export -> {export.folder / export.file_name}"
             )

@@ -290,9 +290,8 @@ async def _refuse_long_pairs(
     too_long = np.flatnonzero(lengths > limit)
     if too_long.size:
         i = int(too_long[0])
-        full = await asyncio.to_thread(counter.full_length, query)
-        full += await asyncio.to_thread(counter.full_length, docs[i])
-        raise too_long_error((param, f"{param}[{i}]"), full - counter.specials_once, limit)
+        full = await asyncio.to_thread(counter.pair_full_length, query, docs[i])
+        raise too_long_error((param, f"{param}[{i}]"), full, limit)
 
 
 async def _cosine_rerank(
@@ -360,7 +359,6 @@ async def classify_texts(
         else:
             raw, engine_usage = await entry.engine.classify(sentences=prepared)
     if tokens is None:
-        counter = entry.counter
         tokens = await counter.usage(texts, truncate=True) if counter else int(engine_usage)
     labels = [
         sorted(((str(d["label"]), float(d["score"])) for d in item), key=lambda p: -p[1])

@@ -138,7 +138,8 @@ def _refusal(exc: BaseException) -> RefusedAddress | None:
 
 @dataclass(frozen=True)
 class MediaLimits:
-    max_bytes: int
+    """What decoding checks from a file's header (byte caps are checked while fetching)."""
+
     max_pixels: int
     max_audio_seconds: float
 
@@ -160,7 +161,7 @@ class MediaFetcher:
         self.allow_private = allow_private
         self.max_bytes = max_bytes
         self.timeout = timeout
-        self.limits = MediaLimits(max_bytes, max_pixels, max_audio_seconds)
+        self.limits = MediaLimits(max_pixels, max_audio_seconds)
         self._limit = asyncio.Semaphore(concurrency)
         self._session: aiohttp.ClientSession | None = None
         # Decoding has a pool of its own: big images cannot starve the shared thread pool

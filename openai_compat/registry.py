@@ -207,14 +207,8 @@ def engine_args(config: ModelConfig) -> Any:
     )
     if config.engine in BACKENDS:
         # infinity-emb's torch embedder batches; its transformer is swapped for the export
-        # (create_engine), so the torch weights need no warm-up or acceleration.
-        options.update(
-            engine="torch",
-            device="cpu",
-            model_warmup=False,
-            bettertransformer=False,
-            compile=False,
-        )
+        # (create_engine), so the torch weights need no acceleration.
+        options.update(engine="torch", device="cpu", bettertransformer=False, compile=False)
     return EngineArgs(**options)
 
 
@@ -232,14 +226,7 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
     replica = adapter.replica_of(engine)
     try:
         if config.engine in backends.BACKENDS:
-            export = backends.prepare(
-                config.source,
-                name=config.served_name,
-                revision=config.revision,
-                backend=config.engine,
-                quantize=config.quantize,
-                export_dir=export_dir or backends.default_export_dir(),
-            )
+            export = backends.prepare_for(config, export_dir or backends.default_export_dir())
             adapter.use_transformer_module(replica, backends.load_module(export))
         adapter.apply_max_length(replica, config.max_length)
     except ValueError as exc:

@@ -51,10 +51,11 @@ class DrainingServer(uvicorn.Server):
         self.lifecycle: Lifecycle = app.state.lifecycle
         self.grace = settings.graceful_timeout
         self.drain_deadline: float | None = None
+        self.watchdog: threading.Timer | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.drain_deadline is None:
-            self._start_watchdog()
+        if self.watchdog is None:
+            self.watchdog = self._start_watchdog()
         if self.drain_deadline is not None or self.lifecycle.phase in ("loading", "failed"):
             # second signal, or nothing worth draining: stop now
             if self.should_exit:
@@ -83,7 +84,7 @@ class DrainingServer(uvicorn.Server):
                 self.should_exit = True
         return await super().on_tick(counter)
 
-    def _start_watchdog(self) -> None:
+    def _start_watchdog(self) -> threading.Timer:
         limit = (self.grace if self.lifecycle.phase == "ready" else 0) + SHUTDOWN_MARGIN
 
         def expire() -> None:
@@ -94,6 +95,7 @@ class DrainingServer(uvicorn.Server):
         timer = threading.Timer(limit, expire)
         timer.daemon = True
         timer.start()
+        return timer
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.drain_deadline is not None:

@@ -91,7 +91,7 @@ class ModelTokenIdDecoder:
                     param="input",
                     code="invalid_token_id",
                 )
-        return list(self._tok.decode_batch([list(b) for b in batches], skip_special_tokens=True))
+        return list(self._tok.decode_batch(batches, skip_special_tokens=True))
 
 
 # Huge texts are never tokenised whole: only a prefix long enough to hold the tokens that
@@ -131,8 +131,7 @@ class TokenCounter:
         self._plain = Tokenizer.from_str(self._tok.to_str())
         self._plain.no_truncation()
         self._specials = self._plain.num_special_tokens_to_add(False)
-        # Special tokens a pair has beyond its two texts counted apart (for messages).
-        self.specials_once = 2 * self._specials - self._plain.num_special_tokens_to_add(True)
+        self._pair_specials = self._plain.num_special_tokens_to_add(True)
         if max_length:
             # One past the limit: enough to tell "too long".
             self._tok.enable_truncation(max_length + 1)
@@ -163,15 +162,16 @@ class TokenCounter:
         out = list(texts)
         lengths = np.zeros(len(out), dtype=np.int64)
         limit, cut_chars = self.max_length, self.cut_chars
-        short = [i for i, t in enumerate(out) if cut_chars is None or len(t) <= cut_chars]
-        for i in range(len(out)):
-            if cut_chars is not None and len(out[i]) > cut_chars and limit is not None:
-                cut = self._cut_after(out[i], limit + _GUARD)
-                if cut is None:
-                    short.append(i)  # long in characters, not in tokens (e.g. whitespace)
-                else:
-                    out[i] = out[i][:cut]
+        short: list[int] = []  # counted whole below
+        for i, text in enumerate(out):
+            if limit is not None and cut_chars is not None and len(text) > cut_chars:
+                cut = self._cut_after(text, limit + _GUARD)
+                if cut is not None:
+                    out[i] = text[:cut]
                     lengths[i] = limit + 1
+                    continue
+                # long in characters, not in tokens (e.g. whitespace runs): count it whole
+            short.append(i)
         if short:
             # encode_batch_fast skips character offsets, which counting does not need.
             encodings = self._encode_batch([out[i] for i in short])
@@ -191,6 +191,11 @@ class TokenCounter:
             total += len(self._plain.encode(text[start:end], add_special_tokens=False).ids)
             start = end
         return total
+
+    def pair_full_length(self, query: str, doc: str) -> int:
+        """Untruncated tokens of a (query, document) pair, for error messages (blocking)."""
+        texts = self.full_length(query) + self.full_length(doc) - 2 * self._specials
+        return texts + self._pair_specials
 
     # ------------------------------------------------------------ async API
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import cohere
 import httpx
@@ -313,6 +314,12 @@ def limited_server(
 FILLER = " and then some more words follow here" * 40
 
 
+def _assert_scores(body: dict[str, Any], expected: list[float]) -> None:
+    """Every document's relevance_score equals the cross-encoder run directly."""
+    got = {r["index"]: r["relevance_score"] for r in body["results"]}
+    assert got == {i: pytest.approx(v, abs=1e-4) for i, v in enumerate(expected)}
+
+
 def test_each_model_reports_the_limit_it_applies(limited_server: RemoteServer) -> None:
     cards = httpx.get(limited_server.base_url + "/models").json()["data"]
     limits = {c["id"]: c["max_input_tokens"] for c in cards}
@@ -328,9 +335,7 @@ def test_cross_encoder_truncates_pairs_at_its_configured_limit(
         limited_server, "/v2/rerank", {"model": "reranker", "query": QUERY, "documents": docs}
     ).json()
     assert body["usage"]["total_tokens"] == 32 * len(docs)
-    expected = direct_models["rerank"](QUERY, docs, max_length=32)
-    got = {r["index"]: r["relevance_score"] for r in body["results"]}
-    assert got == {i: pytest.approx(v, abs=1e-4) for i, v in enumerate(expected)}
+    _assert_scores(body, direct_models["rerank"](QUERY, docs, max_length=32))
 
 
 def test_huge_documents_score_as_the_model_scores_them_whole(
@@ -343,9 +348,7 @@ def test_huge_documents_score_as_the_model_scores_them_whole(
         multi_server, "/v2/rerank", {"model": "reranker", "query": QUERY, "documents": docs}
     ).json()
     assert body["usage"]["total_tokens"] == 512 * len(docs)
-    expected = direct_models["rerank"](QUERY, docs, max_length=512)
-    got = {r["index"]: r["relevance_score"] for r in body["results"]}
-    assert got == {i: pytest.approx(v, abs=1e-4) for i, v in enumerate(expected)}
+    _assert_scores(body, direct_models["rerank"](QUERY, docs, max_length=512))
 
 
 def test_classifier_truncates_at_its_configured_limit(

@@ -22,7 +22,10 @@ import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from openai_compat.settings import ModelConfig
 
 logger = logging.getLogger("openai_compat")
 
@@ -125,6 +128,18 @@ def prepare(
     if found is None:
         raise RuntimeError(f"the ONNX export of {name!r} produced no model file in {folder}")
     return Export(folder, found)
+
+
+def prepare_for(config: ModelConfig, export_dir: Path) -> Export:
+    """The export a configured model is served from (see prepare)."""
+    return prepare(
+        config.source,
+        name=config.served_name,
+        revision=config.revision,
+        backend=config.engine,
+        quantize=config.quantize,
+        export_dir=export_dir,
+    )
 
 
 def load_module(export: Export) -> Any:
