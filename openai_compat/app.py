@@ -12,8 +12,11 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 
 from openai_compat import __version__, logs
+from openai_compat.api.cohere import embed as cohere_embed
+from openai_compat.api.cohere.protocol import EmbedRequestV1, EmbedRequestV2
 from openai_compat.bodies import BodyParser
 from openai_compat.errors import install_error_handlers
 from openai_compat.lifecycle import Lifecycle, in_daemon_thread
@@ -109,6 +112,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         (health.router, "", True),
         (metrics_route.router, "", True),
         (rerank.router, "", True),
+        (cohere_embed.router, "", True),
         (models.router, "/v1", True),
         (embeddings.router, "/v1", True),
         (classify.router, "/v1", True),
@@ -147,7 +151,8 @@ def custom_openapi(app: FastAPI) -> dict[str, Any]:
         title=app.title, version=app.version, summary=app.summary, routes=app.routes
     )
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in REQUEST_MODELS:
+    models: tuple[type[BaseModel], ...] = (*REQUEST_MODELS, EmbedRequestV1, EmbedRequestV2)
+    for model in models:
         body = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(body.pop("$defs", {}))
         components[model.__name__] = body

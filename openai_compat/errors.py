@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from fastapi import FastAPI, Request
@@ -86,6 +86,27 @@ class ServiceUnavailable(APIError):
     default_code = "service_unavailable"
 
 
+# Each API family's error body. The status codes and messages are the same for all; only
+# the shape differs, so each family's SDK parses what it expects.
+ErrorFamily = Literal["openai", "cohere"]
+
+# Paths whose clients expect Cohere's error body ({"message": ...}); everything else answers
+# in OpenAI's envelope.
+COHERE_PATHS = frozenset({"/v1/embed", "/v2/embed", "/v1/rerank", "/v2/rerank"})
+
+
+def family_of(path: str) -> ErrorFamily:
+    return "cohere" if path in COHERE_PATHS else "openai"
+
+
+def _error_body(
+    family: ErrorFamily, message: str, type: str, param: str | None, code: str | None
+) -> dict[str, Any]:
+    if family == "cohere":
+        return {"message": message}
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
 def error_response(
     status: int,
     message: str,
@@ -94,14 +115,15 @@ def error_response(
     param: str | None = None,
     code: str | None = None,
     headers: Mapping[str, str] | None = None,
+    family: ErrorFamily = "openai",
 ) -> Response:
-    body = {"error": {"message": message, "type": type, "param": param, "code": code}}
+    body = _error_body(family, message, type, param, code)
     return Response(
         orjson.dumps(body), status_code=status, media_type="application/json", headers=headers
     )
 
 
-def api_error_response(exc: APIError) -> Response:
+def api_error_response(exc: APIError, family: ErrorFamily = "openai") -> Response:
     return error_response(
         exc.status,
         exc.message,
@@ -109,6 +131,7 @@ def api_error_response(exc: APIError) -> Response:
         param=exc.param,
         code=exc.code,
         headers=exc.headers,
+        family=family,
     )
 
 
@@ -173,20 +196,23 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
     return (f"Invalid value for '{param}': {first.get('msg')}.", param, "invalid_value")
 
 
-def validation_error_response(exc: RequestValidationError) -> Response:
+def validation_error_response(
+    exc: RequestValidationError, family: ErrorFamily = "openai"
+) -> Response:
     message, param, code = validation_message(exc.errors())
-    return error_response(400, message, type="invalid_request_error", param=param, code=code)
+    return error_response(
+        400, message, type="invalid_request_error", param=param, code=code, family=family
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> Response:
-        return api_error_response(exc)
+        return api_error_response(exc, family_of(request.url.path))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
-        message, param, code = validation_message(exc.errors())
-        return error_response(400, message, type="invalid_request_error", param=param, code=code)
+        return validation_error_response(exc, family_of(request.url.path))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
@@ -199,7 +225,14 @@ def install_error_handlers(app: FastAPI) -> None:
         else:
             message, code = str(exc.detail), None
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return error_response(exc.status_code, message, type=kind, code=code, headers=exc.headers)
+        return error_response(
+            exc.status_code,
+            message,
+            type=kind,
+            code=code,
+            headers=exc.headers,
+            family=family_of(request.url.path),
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -209,4 +242,5 @@ def install_error_handlers(app: FastAPI) -> None:
             "The server had an error while processing your request.",
             type="server_error",
             code="internal_error",
+            family=family_of(request.url.path),
         )

@@ -9,13 +9,13 @@ import asyncio
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from openai_compat.engine import adapter
 from openai_compat.errors import BadRequest, ModelOutputError
-from openai_compat.media import MediaFetcher, Modality
+from openai_compat.media import IMAGE_META, MediaFetcher, Modality
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
 from openai_compat.tokens import Names, field_names, input_names, too_long_error
@@ -93,17 +93,27 @@ def truncate_for(entry: ModelEntry, settings: Settings) -> bool:
 class EmbedResult:
     vectors: list[Any]
     tokens: int
+    media: list[dict[str, Any]] | None = None  # for images: size, format, bit depth
 
 
 async def embed_texts(
-    entry: ModelEntry, texts: Sequence[str], settings: Settings, names: Names = input_names
+    entry: ModelEntry,
+    texts: Sequence[str],
+    settings: Settings,
+    names: Names = input_names,
+    *,
+    prompt: str = "",
+    truncate: bool | None = None,
 ) -> EmbedResult:
-    """Embed texts; usage counts the model's own tokens after truncation.
+    """Embed texts, each after `prompt`; usage counts the model's own tokens (prompt
+    included) after truncation. `truncate` overrides the model's setting.
 
     Where the engine reports each embedding's tokens (entry.engine_counts) that count is
     used; otherwise the model's tokenizer counts beside the engine.
     """
-    truncate = truncate_for(entry, settings)
+    if prompt:
+        texts = [prompt + t for t in texts]
+    truncate = truncate_for(entry, settings) if truncate is None else truncate
     counter = entry.counter
     with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
         if counter is not None and (not truncate or counter.needs_cutting(texts)):
@@ -123,6 +133,35 @@ async def embed_texts(
         return EmbedResult(vectors, tokens)
 
 
+async def fit_texts(
+    entry: ModelEntry,
+    texts: Sequence[str],
+    *,
+    prompt: str,
+    keep: Literal["start", "end"] | None,
+    max_tokens: int | None,
+    names: Names,
+) -> list[str] | None:
+    """Texts already fitted to `max_tokens` (and the model's limit) the way Cohere's
+    `truncate` asks: keep="start" cuts the end, "end" the beginning, None refuses (400).
+    None when the model's own truncation does exactly what was asked (the fast path)."""
+    counter = entry.counter
+    if counter is None or counter.max_length is None:
+        if max_tokens is not None:
+            raise BadRequest(
+                f"Model {entry.name!r} has no tokenizer to count max_tokens with.",
+                param="max_tokens",
+                code="unsupported_parameter",
+            )
+        return None
+    if max_tokens is not None and max_tokens < 1:
+        raise BadRequest("'max_tokens' must be at least 1.", param="max_tokens")
+    limit = min(max_tokens or counter.max_length, counter.max_length)
+    if keep == "start" and limit == counter.max_length:
+        return None
+    return await counter.fit(texts, prompt=prompt, limit=limit, keep=keep, names=names)
+
+
 async def embed_media(
     entry: ModelEntry,
     items: Sequence[str],
@@ -139,7 +178,10 @@ async def embed_media(
             vectors = await _media_engine_call(entry, modality, payloads)
     # infinity-emb counts characters of an internal repr for media; report what the model
     # sees instead: patches per image for a ViT, and no tokens for audio.
-    return EmbedResult(vectors, entry.image_tokens * len(items) if modality == "image" else 0)
+    if modality == "image":
+        media = [p.info.get(IMAGE_META, {}) for p in payloads]
+        return EmbedResult(vectors, entry.image_tokens * len(items), media)
+    return EmbedResult(vectors, 0)
 
 
 async def _media_engine_call(entry: ModelEntry, modality: Modality, payloads: list[Any]) -> Any:

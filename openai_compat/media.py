@@ -299,6 +299,11 @@ def _too_many_pixels(size: tuple[int, int] | None, limits: MediaLimits) -> str:
     return f"the image is {dims}; at most {limits.max_pixels} pixels are decoded"
 
 
+# What an image was before decoding (Cohere's embed responses report it), kept in img.info.
+IMAGE_META = "openai_compat_meta"
+_BIT_DEPTHS = {"1": 1, "I;16": 16, "I;16B": 16, "I;16L": 16, "I": 32, "F": 32}
+
+
 def _decode(
     index: int, raw: bytes, modality: Modality, sampling_rate: int | None, limits: MediaLimits
 ) -> Any:
@@ -321,7 +326,15 @@ def _decode(
             raise MediaError(index, "the content is not an image we can decode") from None
         if img.width < 3 or img.height < 3:
             raise MediaError(index, f"the image is {img.width}x{img.height}; at least 3x3")
-        return img.convert("RGB") if img.mode not in ("RGB", "L") else img
+        meta = {
+            "width": img.width,
+            "height": img.height,
+            "format": (img.format or "unknown").lower(),
+            "bit_depth": _BIT_DEPTHS.get(img.mode, 8),
+        }
+        out = img.convert("RGB") if img.mode not in ("RGB", "L") else img
+        out.info[IMAGE_META] = meta
+        return out
     import soundfile
 
     try:

@@ -28,6 +28,7 @@ from openai_compat.errors import (
     ServiceUnavailable,
     Unauthorized,
     api_error_response,
+    family_of,
     validation_error_response,
 )
 from openai_compat.lifecycle import Lifecycle
@@ -124,7 +125,7 @@ class GatewayMiddleware:
         if refusal is not None:
             reason, error = refusal
             self.metrics.rejected.labels(reason).inc()
-            await api_error_response(error)(scope, receive, send_with_id)
+            await api_error_response(error, family_of(path))(scope, receive, send_with_id)
             self._record(scope, path, status_box[0], start)
             return
 
@@ -136,7 +137,7 @@ class GatewayMiddleware:
             await self.app(scope, self._limited(receive), send_with_id)
         except PayloadTooLarge as exc:  # a chunked body outgrew the limit mid-stream
             self.metrics.rejected.labels("too_large").inc()
-            await api_error_response(exc)(scope, receive, send_with_id)
+            await api_error_response(exc, family_of(path))(scope, receive, send_with_id)
         except asyncio.CancelledError:
             # uvicorn cancels what is still running at the shutdown deadline: tell the client
             # to retry elsewhere (503) rather than leaving it a 500 or a dropped connection.
@@ -147,7 +148,7 @@ class GatewayMiddleware:
                     headers={"Retry-After": "1", "Connection": "close"},
                 )
                 with contextlib.suppress(Exception):
-                    await api_error_response(cut)(scope, receive, send_with_id)
+                    await api_error_response(cut, family_of(path))(scope, receive, send_with_id)
             raise
         finally:
             if counted:
@@ -285,9 +286,9 @@ class FastPathMiddleware:
             else:
                 response = await self._until_disconnect(endpoint, request)
         except APIError as exc:
-            response = api_error_response(exc)
+            response = api_error_response(exc, family_of(scope["path"]))
         except RequestValidationError as exc:
-            response = validation_error_response(exc)
+            response = validation_error_response(exc, family_of(scope["path"]))
         if response is None:
             scope["state"]["cancelled"] = True
             self.metrics.cancelled.labels(scope["path"]).inc()

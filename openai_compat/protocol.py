@@ -48,6 +48,14 @@ class ModelCard(BaseModel):
     capabilities: list[str] = Field(description="embed, rerank, classify, image, audio")
     dimensions: int | None = Field(None, description="Embedding size, for models that embed.")
     max_input_tokens: int | None = None
+    prompts: dict[str, str] | None = Field(
+        None, description="Named prompts (prefixes) a request can choose; absent if none."
+    )
+    default_prompt: str | None = Field(None, description="The prompt used when none is named.")
+    quantization_range: float | None = Field(
+        None,
+        description="The |value| that int8 embeddings map to 127 (x ~ int8 * range / 127).",
+    )
 
 
 class ModelList(BaseModel):
@@ -86,6 +94,15 @@ class EmbeddingRequest(BaseModel):
         None,
         description="Extension: 'image' or 'audio' reads each input as an http(s) URL or a "
         "data: URI (send through the openai SDK's extra_body).",
+    )
+    input_type: StrictStr | None = Field(
+        None,
+        description="Extension: the prompt to embed with: a prompt name of the model, or "
+        "search_query / search_document / classification / clustering (Cohere's names).",
+    )
+    prompt_name: StrictStr | None = Field(None, description="Extension: TEI's name for it.")
+    task: StrictStr | None = Field(
+        None, description="Extension: Jina's name for it (retrieval.query, retrieval.passage...)."
     )
 
 
@@ -241,6 +258,8 @@ class ClassifyResponse(BaseModel):
 class TutorialEmbedRequest(BaseModel):
     sentences: list[StrictStr]
     model_index: StrictInt = 1
+    input_type: StrictStr | None = Field(None, description="The prompt to embed with.")
+    prompt_name: StrictStr | None = None
 
 
 class TutorialImageEmbedRequest(BaseModel):

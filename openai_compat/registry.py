@@ -12,9 +12,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from openai_compat.compact import CALIBRATION_TEXTS, Quantizer
 from openai_compat.engine import adapter
 from openai_compat.errors import BadRequest, ModelNotFound, RateLimited
 from openai_compat.lifecycle import in_daemon_thread
+from openai_compat.prompts import Prompts
 from openai_compat.settings import ModelConfig, check_unique_names
 from openai_compat.tokens import Cl100kDecoder, ModelTokenIdDecoder, TokenCounter
 
@@ -53,6 +55,8 @@ class ModelEntry:
     image_tokens: int = 0  # tokens one image is to the model (ViT patches + class token)
     sampling_rate: int | None = None  # what audio inputs must be sampled at
     cosine_rerank: bool = False  # reranks by embedding similarity (no cross-encoder)
+    prompts: Prompts = field(default_factory=Prompts)
+    quantizer: Quantizer | None = None  # int8/uint8 ranges (see compact.py)
     queued: int = 0  # inputs admitted and not yet answered
     inflight: int = 0  # requests being served
     created: int = field(default_factory=lambda: int(time.time()))
@@ -250,9 +254,15 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         decoder = cl100k
     elif config.token_ids == "model" and backend is not None:
         decoder = ModelTokenIdDecoder(backend)
+    folder, folder_default = adapter.folder_prompts(replica)
+    try:
+        prompts = Prompts.resolve(config.prompts, config.default_prompt, folder, folder_default)
+    except ValueError as exc:
+        raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
     dimensions = None
     multivector = False
     engine_counts = False
+    quantizer = None
     if "embed" in caps:
         counting = adapter.count_tokens_in_engine(replica)
         vectors, _ = await engine.embed(["dimension probe"])
@@ -265,6 +275,10 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         if not multivector:
             # Cosine similarity of embeddings gives every single-vector model a rerank ability.
             caps = caps | {"rerank"}
+            calibration, _ = await engine.embed(list(CALIBRATION_TEXTS))
+            quantizer = Quantizer(
+                np.asarray(calibration, dtype=np.float32), config.quantization_range
+            )
     return ModelEntry(
         config=config,
         engine=engine,
@@ -279,6 +293,8 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         image_tokens=adapter.image_tokens(replica) if "image" in caps else 0,
         sampling_rate=adapter.sampling_rate(replica) if "audio" in caps else None,
         cosine_rerank="embed" in native and "rerank" in caps,
+        prompts=prompts,
+        quantizer=quantizer,
     )
 
 

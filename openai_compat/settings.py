@@ -79,6 +79,23 @@ class ModelConfig(BaseModel):
         description="How token-id input is read: OpenAI's cl100k_base ids (what LangChain "
         "sends), the model's own tokenizer ids, or refused.",
     )
+    prompts: dict[str, str] | None = Field(
+        None,
+        description="Named prompts (prefixes the model sees before each text), e.g. "
+        "{query = 'query: ', document = 'passage: '}; replaces the model folder's "
+        "sentence-transformers prompts.",
+    )
+    default_prompt: str | None = Field(
+        None,
+        description="The prompt used when a request names none (default: the model folder's "
+        "default_prompt_name; else no prompt).",
+    )
+    quantization_range: float | None = Field(
+        None,
+        gt=0,
+        description="Largest |value| the int8/uint8 embedding types represent (default: "
+        "calibrated at load from a fixed text set).",
+    )
 
     @property
     def served_name(self) -> str:
@@ -102,6 +119,18 @@ class ModelConfig(BaseModel):
     def _quantize_needs_a_backend(self) -> ModelConfig:
         if self.quantize is not None and self.engine != "onnx":
             raise ValueError("quantize applies to engine = 'onnx' only")
+        return self
+
+    @model_validator(mode="after")
+    def _default_prompt_is_a_prompt(self) -> ModelConfig:
+        # Only checkable here when the prompts come from the config too; a default naming a
+        # prompt of the model folder is checked when the model loads.
+        prompts, default = self.prompts, self.default_prompt
+        if default and prompts is not None and default not in prompts:
+            raise ValueError(
+                f"default_prompt {self.default_prompt!r} is not one of prompts "
+                f"({', '.join(prompts) or 'none'})"
+            )
         return self
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -115,6 +115,15 @@ def _before_last_word(word_ids: Sequence[int | None]) -> int:
     return end
 
 
+def _after_first_word(word_ids: Sequence[int | None]) -> int:
+    """Index of the first token after the first word: tokens from there are complete words."""
+    first = word_ids[0] if word_ids else None
+    start = 0
+    while start < len(word_ids) and word_ids[start] == first:
+        start += 1
+    return start
+
+
 class TokenCounter:
     """Counts tokens as the model sees them (special tokens included, after truncation)."""
 
@@ -152,6 +161,22 @@ class TokenCounter:
             complete = len(enc.ids) if whole else _before_last_word(enc.word_ids)
             if complete > n:
                 return int(enc.offsets[n - 1][1]) if n else 0
+            if whole:
+                return None
+            window *= 4
+
+    def _cut_before(self, text: str, n: int) -> int | None:
+        """Character offset where the text's last n content tokens start, if it has more than
+        n tokens (None otherwise); tokenises growing suffixes, never more than needed."""
+        window = max(n, 1) * _CHARS_PER_TOKEN
+        while True:
+            whole = window >= len(text)
+            start = 0 if whole else len(text) - window
+            enc = self._plain.encode(text[start:], add_special_tokens=False)
+            total = len(enc.ids)
+            complete = total - (0 if whole else _after_first_word(enc.word_ids))
+            if complete > n:
+                return start + int(enc.offsets[total - n][0]) if n else len(text)
             if whole:
                 return None
             window *= 4
@@ -254,6 +279,44 @@ class TokenCounter:
         if self.max_length:
             lengths = np.minimum(lengths, self.max_length)
         return int(lengths.sum())
+
+    async def fit(
+        self,
+        texts: Sequence[str],
+        *,
+        prompt: str,
+        limit: int,
+        keep: Literal["start", "end"] | None,
+        names: Names = input_names,
+    ) -> list[str]:
+        """prompt + text for each text, with at most `limit` tokens as the model sees them
+        (special tokens and prompt included): over-long texts lose their end (keep="start")
+        or their beginning (keep="end"), never the prompt; keep=None refuses them (400)."""
+        prompted = [prompt + t for t in texts]
+        lengths, _ = await self.prepare_lengths(prompted)
+        over = np.flatnonzero(lengths > limit)
+        if not over.size:
+            return prompted
+        if keep is None:
+            i = int(over[0])
+            full = await asyncio.to_thread(self.full_length, prompted[i])
+            raise too_long_error(names(i), full, limit)
+        used = len(self._plain.encode(prompt, add_special_tokens=False).ids) if prompt else 0
+        budget = max(limit - self._specials - used, 0)
+
+        def cut() -> list[str]:
+            for i in over:
+                text = texts[i]
+                if keep == "start":
+                    end = self._cut_after(text, budget)
+                    text = text if end is None else text[:end]
+                else:
+                    start = self._cut_before(text, budget)
+                    text = text if start is None else text[start:]
+                prompted[i] = prompt + text
+            return prompted
+
+        return await asyncio.to_thread(cut)
 
     async def truncate_texts(self, texts: Sequence[str], max_tokens: int) -> list[str]:
         """Cut each text after its first `max_tokens` tokens, at the original characters."""

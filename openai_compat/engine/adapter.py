@@ -106,6 +106,16 @@ def backend_tokenizer(replica: Any) -> Any | None:
     return backend
 
 
+def folder_prompts(replica: Any) -> tuple[dict[str, str], str | None]:
+    """The prompts sentence-transformers read from the model folder
+    (config_sentence_transformers.json) and its default prompt name; none for other kinds."""
+    if kind_of(replica) != "embedder":
+        return {}, None
+    prompts = _attr(replica, "prompts", "SentenceTransformer") or {}
+    default = _attr(replica, "default_prompt_name", "SentenceTransformer")
+    return {str(k): str(v) for k, v in prompts.items()}, default
+
+
 def _torch_model(replica: Any) -> Any | None:
     kind = kind_of(replica)
     if kind == "embedder":

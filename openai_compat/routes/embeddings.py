@@ -43,8 +43,11 @@ async def create_embeddings(request: Request) -> Response:
     check_dimensions(body.dimensions, entry)
     result: EmbedResult
     if modality == "text":
+        prompt = entry.prompts.choose(
+            entry.name, input_type=body.input_type, prompt_name=body.prompt_name, task=body.task
+        )
         texts = await texts_from_input(body.input, entry, settings)
-        result = await embed_texts(entry, texts, settings)
+        result = await embed_texts(entry, texts, settings, prompt=prompt)
     else:
         items = [body.input] if isinstance(body.input, str) else body.input
         if not all(isinstance(i, str) for i in items):

@@ -22,7 +22,12 @@ def _card(entry: ModelEntry, id: str) -> dict[str, object]:
         capabilities=sorted(entry.capabilities),
         dimensions=entry.dimensions,
         max_input_tokens=entry.max_length,
-    ).model_dump()
+        prompts=dict(entry.prompts.prompts) or None,
+        default_prompt=entry.prompts.default,
+        quantization_range=entry.quantizer.range(entry.dimensions or 0)
+        if entry.quantizer
+        else None,
+    ).model_dump(exclude_none=True)
 
 
 def _cards(registry: Registry) -> list[dict[str, object]]:

@@ -62,7 +62,12 @@ async def embed(request: Request) -> Response:
     body = await read_body(request, TutorialEmbedRequest)
     entry = registry.by_index(body.model_index, "embed")
     check_count(len(body.sentences), settings.max_inputs_per_request, "sentences", "sentences")
-    result = await embed_texts(entry, body.sentences, settings, field_names("sentences"))
+    prompt = entry.prompts.choose(
+        entry.name, input_type=body.input_type, prompt_name=body.prompt_name
+    )
+    result = await embed_texts(
+        entry, body.sentences, settings, field_names("sentences"), prompt=prompt
+    )
     note(request, entry.name, len(body.sentences), result.tokens)
     return _embeddings(entry, result)
 

@@ -1,0 +1,1 @@
+"""Cohere's embed API (v1 and v2): wire types in protocol.py, routes in embed.py."""

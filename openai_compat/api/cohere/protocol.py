@@ -1,0 +1,119 @@
+"""Cohere embed v1/v2 wire types, as the cohere SDK (5.x) sends and parses them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+Truncate = Literal["NONE", "START", "END"]
+
+
+class CohereError(BaseModel):
+    message: str
+
+
+COHERE_ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
+    status: {"model": CohereError, "description": text}
+    for status, text in (
+        (400, "Invalid request"),
+        (401, "Missing or wrong API key"),
+        (404, "Unknown model"),
+        (413, "Request body too large"),
+        (429, "Too much queued work; retry after the Retry-After header"),
+        (503, "Not ready or shutting down"),
+    )
+}
+
+
+class EmbedRequestV1(BaseModel):
+    """Cohere's v1 embed request. `null` means "not given" (the SDK omits unset fields)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr
+    texts: list[StrictStr] | None = Field(None, description="Texts to embed.")
+    images: list[StrictStr] | None = Field(
+        None, description="Images as data: URIs (for image models)."
+    )
+    input_type: StrictStr | None = Field(
+        None,
+        description="search_query, search_document, classification, clustering, image, or a "
+        "prompt name of the model; picks the model's prompt (ignored by models without any).",
+    )
+    embedding_types: list[StrictStr] | None = Field(
+        None, description="float, int8, uint8, binary, ubinary, base64 (see the README)."
+    )
+    truncate: Truncate | None = Field(
+        None,
+        description="END (default) drops the end of over-long input, START its beginning, "
+        "NONE refuses it (400).",
+    )
+
+
+class ImageUrl(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    url: StrictStr
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "image_url"]
+    text: StrictStr | None = None
+    image_url: ImageUrl | None = None
+
+
+class EmbedInput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    content: list[ContentPart]
+
+
+class EmbedRequestV2(EmbedRequestV1):
+    """Cohere's v2 embed request."""
+
+    inputs: list[EmbedInput] | None = Field(
+        None,
+        description="Content lists; each input is text parts (joined by a space) or one image.",
+    )
+    max_tokens: StrictInt | None = Field(
+        None, description="Tokens per input as the model sees them (prompt included)."
+    )
+    output_dimension: StrictInt | None = Field(
+        None, description="Cut each vector to its first N values and L2-normalise again."
+    )
+    priority: StrictInt | None = Field(
+        None, description="Accepted for compatibility; every request is handled alike."
+    )
+
+
+class ImageMeta(BaseModel):
+    width: int
+    height: int
+    format: str
+    bit_depth: int
+
+
+class EmbedMeta(BaseModel):
+    api_version: dict[str, Any]
+    billed_units: dict[str, int]
+
+
+class EmbedByTypeResponse(BaseModel):
+    id: str
+    response_type: Literal["embeddings_by_type"] = "embeddings_by_type"
+    embeddings: dict[str, list[Any]] = Field(description="One list per requested type.")
+    texts: list[str] | None = None
+    images: list[ImageMeta] | None = None
+    meta: EmbedMeta
+
+
+class EmbedFloatsResponse(BaseModel):
+    id: str
+    response_type: Literal["embeddings_floats"] = "embeddings_floats"
+    embeddings: list[list[float]]
+    texts: list[str]
+    images: list[ImageMeta] | None = None
+    meta: EmbedMeta

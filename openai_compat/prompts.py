@@ -1,0 +1,103 @@
+"""Retrieval prompts: a model's named prefixes, and the one mapping from what clients ask for.
+
+A prompt is a prefix the model sees before each text, applied exactly as
+sentence-transformers' `encode(prompt=...)` does (plain string concatenation). Clients name
+prompts in their own vocabulary: OpenAI-route `input_type`, TEI's `prompt_name`, Jina's
+`task`, Cohere's `input_type`. `Prompts.select` maps all of them onto the model's names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from openai_compat.errors import BadRequest
+
+# What clients ask for -> the model prompt names that serve it, in order of preference.
+_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "search_query": ("query", "search_query", "retrieval.query"),
+    "retrieval.query": ("query", "search_query", "retrieval.query"),
+    "query": ("query", "search_query", "retrieval.query"),
+    "search_document": ("document", "passage", "search_document", "retrieval.passage"),
+    "retrieval.passage": ("passage", "document", "search_document", "retrieval.passage"),
+    "document": ("document", "passage", "search_document", "retrieval.passage"),
+    "passage": ("passage", "document", "search_document", "retrieval.passage"),
+    "classification": ("classification",),
+    "clustering": ("clustering",),
+    "separation": ("separation", "clustering"),
+    "text-matching": ("text-matching", "similarity", "sts"),
+    "code.query": ("code.query", "code_query"),
+    "code.passage": ("code.passage", "code_passage"),
+}
+
+# Cohere's input_type for image inputs: it selects the modality, never a text prompt.
+_NOT_A_PROMPT = frozenset({"image"})
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """One model's prompts (name -> prefix) and the one used when a request names none."""
+
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    default: str | None = None
+
+    @classmethod
+    def resolve(
+        cls,
+        configured: Mapping[str, str] | None,
+        configured_default: str | None,
+        folder: Mapping[str, str] | None,
+        folder_default: str | None,
+    ) -> Prompts:
+        """The config's prompts win over the model folder's (sentence-transformers') ones."""
+        prompts = dict(configured if configured is not None else (folder or {}))
+        default = configured_default
+        if default is None and configured is None:
+            default = folder_default
+        if default is not None and default not in prompts:
+            raise ValueError(
+                f"default_prompt {default!r} is not one of the model's prompts "
+                f"({', '.join(prompts) or 'it has none'})"
+            )
+        return cls(prompts, default or None)
+
+    def select(self, requested: str | None, param: str, model: str) -> str:
+        """The prefix for a request that asked for `requested` (its field: `param`)."""
+        if requested is None or not self.prompts or requested in _NOT_A_PROMPT:
+            # A model without prompts ignores input types: Cohere clients always send one.
+            return self.prompts[self.default] if self.default else ""
+        if requested in self.prompts:
+            return self.prompts[requested]
+        for name in _SYNONYMS.get(requested, ()):
+            if name in self.prompts:
+                return self.prompts[name]
+        raise BadRequest(
+            f"Model {model!r} has no prompt for {param} {requested!r}; its prompts are: "
+            f"{', '.join(sorted(self.prompts))}.",
+            param=param,
+            code="unknown_prompt",
+        )
+
+    def choose(self, model: str, **fields: str | None) -> str:
+        """The prefix a request asks for through any of its prompt fields (`input_type`,
+        `prompt_name`, `task`...); fields that ask for different prompts are a 400."""
+        given = [(param, value) for param, value in fields.items() if value is not None]
+        if not given:
+            return self.select(None, "input_type", model)
+        param, value = given[0]
+        prefix = self.select(value, param, model)
+        for other, other_value in given[1:]:
+            if self.select(other_value, other, model) != prefix:
+                raise BadRequest(
+                    f"'{param}' ({value!r}) and '{other}' ({other_value!r}) ask for different "
+                    "prompts; send one.",
+                    param=other,
+                    code="conflicting_prompts",
+                )
+        return prefix
+
+    def describe(self) -> dict[str, object] | None:
+        """For /v1/models: the prompts and the default, or None for a model without any."""
+        if not self.prompts:
+            return None
+        return {"prompts": dict(self.prompts), "default_prompt": self.default}
