@@ -15,7 +15,7 @@ import numpy as np
 
 from openai_compat.engine import adapter
 from openai_compat.errors import BadRequest, ModelOutputError
-from openai_compat.media import IMAGE_META, MediaFetcher, Modality
+from openai_compat.media import IMAGE_META, MediaError, MediaFetcher, Modality
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
 from openai_compat.tokens import Names, field_names, input_names, too_long_error
@@ -168,12 +168,18 @@ async def embed_media(
     modality: Modality,
     settings: Settings,
     fetcher: MediaFetcher,
+    names: Names = input_names,
 ) -> EmbedResult:
-    """Embed images or audio given as http(s) URLs or data: URIs (fetched safely first)."""
-    check_count(len(items), settings.max_media_items, "input", "media items")
+    """Embed images or audio given as http(s) URLs or data: URIs (fetched safely first);
+    errors name item i as `names(i)`."""
+    param, _ = names(0)
+    check_count(len(items), settings.max_media_items, param, "media items")
     rate = entry.sampling_rate if modality == "audio" else None
     with entry.admit(len(items), settings.max_queued_inputs):
-        payloads = await fetcher.fetch_all(items, modality, rate)
+        try:
+            payloads = await fetcher.fetch_all(items, modality, rate)
+        except MediaError as exc:
+            raise exc.renamed(*names(exc.index)) from None
         with engine_errors():
             vectors = await _media_engine_call(entry, modality, payloads)
     # infinity-emb counts characters of an internal repr for media; report what the model

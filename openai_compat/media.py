@@ -43,8 +43,16 @@ _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1:
 
 
 class MediaError(BadRequest):
+    """Item `index` of a request's media cannot be used; routes rename it to their field
+    (`renamed`)."""
+
     def __init__(self, index: int, message: str, code: str = "invalid_media") -> None:
         super().__init__(f"input[{index}]: {message}", param="input", code=code)
+        self.index = index
+        self.detail = message
+
+    def renamed(self, param: str, label: str) -> BadRequest:
+        return BadRequest(f"{label}: {self.detail}", param=param, code=self.code)
 
 
 class RefusedAddress(OSError):

@@ -9,10 +9,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from openai_compat.api.cohere.protocol import COHERE_ERROR_RESPONSES
 from openai_compat.encoding import orjson_response
 from openai_compat.inference import RerankResult, check_top_n, document_texts, rerank_texts
 from openai_compat.protocol import (
-    ERROR_RESPONSES,
     RerankRequest,
     RerankRequestV2,
     RerankResponse,
@@ -66,7 +66,7 @@ async def _rerank(request: Request, model: type[RerankRequest], version: str) ->
     "/v1/rerank",
     response_model=RerankResponse,
     response_model_exclude_none=True,
-    responses=ERROR_RESPONSES,
+    responses=COHERE_ERROR_RESPONSES,
     openapi_extra=body_openapi(RerankRequest),
 )
 async def rerank_v1(request: Request) -> Response:
@@ -78,7 +78,7 @@ async def rerank_v1(request: Request) -> Response:
     "/v2/rerank",
     response_model=RerankResponse,
     response_model_exclude_none=True,
-    responses=ERROR_RESPONSES,
+    responses=COHERE_ERROR_RESPONSES,
     openapi_extra=body_openapi(RerankRequestV2),
 )
 async def rerank_v2(request: Request) -> Response:

@@ -83,7 +83,9 @@ async def image_embed(request: Request) -> Response:
     body = await read_body(request, TutorialImageEmbedRequest)
     entry = registry.by_index(body.model_index, "image")
     check_count(len(body.image_urls), settings.max_media_items, "image_urls", "media items")
-    result = await embed_media(entry, body.image_urls, "image", settings, media_of(request))
+    result = await embed_media(
+        entry, body.image_urls, "image", settings, media_of(request), field_names("image_urls")
+    )
     note(request, entry.name, len(body.image_urls), result.tokens)
     return _embeddings(entry, result)
 

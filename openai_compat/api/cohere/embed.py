@@ -64,6 +64,9 @@ class _Inputs:
     def text_names(self, i: int) -> tuple[str, str]:
         return self.param, f"{self.param}[{self.text_at[i]}]"
 
+    def image_names(self, i: int) -> tuple[str, str]:
+        return self.param, f"{self.param}[{self.image_at[i]}]"
+
 
 def _inputs(body: EmbedRequestV1) -> _Inputs:
     given = [p for p in ("texts", "images", "inputs") if getattr(body, p, None) is not None]
@@ -164,7 +167,9 @@ async def _embed(request: Request, model: type[EmbedRequestV1], version: str) ->
         tokens += result.tokens
     images_meta = None
     if inputs.images:
-        media = await embed_media(entry, inputs.images, "image", settings, media_of(request))
+        media = await embed_media(
+            entry, inputs.images, "image", settings, media_of(request), inputs.image_names
+        )
         parts.append((inputs.image_at, media.vectors))
         images_meta = media.media
     ordered: list[Any] = [None] * inputs.count
