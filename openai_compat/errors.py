@@ -86,25 +86,54 @@ class ServiceUnavailable(APIError):
     default_code = "service_unavailable"
 
 
-# Each API family's error body. The status codes and messages are the same for all; only
-# the shape differs, so each family's SDK parses what it expects.
-ErrorFamily = Literal["openai", "cohere"]
+# Each API family's error body. Messages are the same for all; the shape (and for TEI the
+# status code) differs, so each family's clients parse what they expect.
+ErrorFamily = Literal["openai", "cohere", "tei"]
 
-# Paths whose clients expect Cohere's error body ({"message": ...}); everything else answers
-# in OpenAI's envelope.
-COHERE_PATHS = frozenset({"/v1/embed", "/v2/embed", "/v1/rerank", "/v2/rerank"})
+# Paths whose clients expect another family's errors; everything else answers in OpenAI's
+# envelope. Bare paths shared by several dialects (dialects.py) set the family per request.
+_PATH_FAMILIES: dict[str, ErrorFamily] = {
+    **dict.fromkeys(("/v1/embed", "/v2/embed", "/v1/rerank", "/v2/rerank"), "cohere"),
+    **dict.fromkeys(("/", "/predict", "/decode", "/info", "/embed_sparse"), "tei"),
+}
+# TEI answers validation errors with 422, too-long or too-many inputs with 413, and backend
+# faults with 424; its `error_type` names the kind.
+_TEI_STATUS = {400: 422, 404: 422, 500: 424}
+_TEI_CODES_413 = frozenset({"input_too_long", "too_many_inputs", "payload_too_large"})
+_TEI_TYPES = {
+    401: "Unauthorized",
+    413: "Validation",
+    422: "Validation",
+    424: "Backend",
+    429: "Overloaded",
+    503: "Unhealthy",
+}
 
 
 def family_of(path: str) -> ErrorFamily:
-    return "cohere" if path in COHERE_PATHS else "openai"
+    return _PATH_FAMILIES.get(path, "openai")
+
+
+def family_for(scope: Mapping[str, Any]) -> ErrorFamily:
+    """The family a request's errors use: set by its route once the dialect is known (see
+    dialects.py), else the path's."""
+    chosen: ErrorFamily | None = scope.get("state", {}).get("error_family")
+    return chosen or family_of(scope["path"])
+
+
+def set_family(request: Request, family: ErrorFamily) -> None:
+    request.state.error_family = family
 
 
 def _error_body(
-    family: ErrorFamily, message: str, type: str, param: str | None, code: str | None
-) -> dict[str, Any]:
+    family: ErrorFamily, status: int, message: str, type: str, param: str | None, code: str | None
+) -> tuple[int, dict[str, Any]]:
     if family == "cohere":
-        return {"message": message}
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+        return status, {"message": message}
+    if family == "tei":
+        status = 413 if code in _TEI_CODES_413 else _TEI_STATUS.get(status, status)
+        return status, {"error": message, "error_type": _TEI_TYPES.get(status, "Validation")}
+    return status, {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 def error_response(
@@ -117,7 +146,7 @@ def error_response(
     headers: Mapping[str, str] | None = None,
     family: ErrorFamily = "openai",
 ) -> Response:
-    body = _error_body(family, message, type, param, code)
+    status, body = _error_body(family, status, message, type, param, code)
     return Response(
         orjson.dumps(body), status_code=status, media_type="application/json", headers=headers
     )
@@ -208,11 +237,11 @@ def validation_error_response(
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> Response:
-        return api_error_response(exc, family_of(request.url.path))
+        return api_error_response(exc, family_for(request.scope))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
-        return validation_error_response(exc, family_of(request.url.path))
+        return validation_error_response(exc, family_for(request.scope))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
@@ -231,7 +260,7 @@ def install_error_handlers(app: FastAPI) -> None:
             type=kind,
             code=code,
             headers=exc.headers,
-            family=family_of(request.url.path),
+            family=family_for(request.scope),
         )
 
     @app.exception_handler(Exception)
@@ -242,5 +271,5 @@ def install_error_handlers(app: FastAPI) -> None:
             "The server had an error while processing your request.",
             type="server_error",
             code="internal_error",
-            family=family_of(request.url.path),
+            family=family_for(request.scope),
         )

@@ -28,6 +28,7 @@ from openai_compat.errors import (
     ServiceUnavailable,
     Unauthorized,
     api_error_response,
+    family_for,
     family_of,
     validation_error_response,
 )
@@ -286,9 +287,9 @@ class FastPathMiddleware:
             else:
                 response = await self._until_disconnect(endpoint, request)
         except APIError as exc:
-            response = api_error_response(exc, family_of(scope["path"]))
+            response = api_error_response(exc, family_for(scope))
         except RequestValidationError as exc:
-            response = validation_error_response(exc, family_of(scope["path"]))
+            response = validation_error_response(exc, family_for(scope))
         if response is None:
             scope["state"]["cancelled"] = True
             self.metrics.cancelled.labels(scope["path"]).inc()

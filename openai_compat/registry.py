@@ -162,6 +162,24 @@ class Registry:
             )
         return entry
 
+    def default(self, capability: Capability, chosen: dict[str, str]) -> ModelEntry:
+        """The model for requests that name none: the configured default for `capability`,
+        else the first served model that can do it."""
+        name = chosen.get(capability)
+        if name is not None:
+            return self.require(name, capability)
+        for entry in self.entries():
+            if capability in entry.capabilities and not (
+                capability == "rerank" and entry.cosine_rerank and self._has_reranker()
+            ):
+                return entry
+        raise BadRequest(
+            f"No served model can {_VERB[capability]}.", param="model", code="model_not_supported"
+        )
+
+    def _has_reranker(self) -> bool:
+        return any("rerank" in e.capabilities and not e.cosine_rerank for e in self.entries())
+
     def by_index(self, index: int, capability: Capability) -> ModelEntry:
         """The tutorial's routes pick models by position in the configured list."""
         param = "model_index"

@@ -26,6 +26,7 @@ from pydantic import (
 ENV_PREFIX = "OPENAI_COMPAT_"
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+CAPABILITIES = ("embed", "rerank", "classify", "image", "audio")
 
 
 class ConfigError(ValueError):
@@ -166,6 +167,12 @@ class Settings(BaseModel):
         "repeatable. With no model at all the packaged all-MiniLM-L6-v2 is served.",
     )
     alias: tuple[str, ...] = _opt((), "Extra name for a served model as ALIAS=NAME; repeatable.")
+    default_model: tuple[str, ...] = _opt(
+        (),
+        "Model for requests that name none (TEI's API, infinity's without 'model') as "
+        "CAPABILITY=NAME (embed, rerank, classify, image, audio); repeatable. Default: the "
+        "first served model that can.",
+    )
     config: Path | None = _opt(None, "TOML file with server options and [[models]] tables.")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = _opt("info", "Log level.")
     max_inputs_per_request: int = _opt(
@@ -281,6 +288,20 @@ class Settings(BaseModel):
         ]
         check_unique_names(configs)
         return tuple(configs)
+
+    def default_models(self) -> dict[str, str]:
+        """--default-model CAPABILITY=NAME -> {capability: name} (names checked at load)."""
+        chosen: dict[str, str] = {}
+        for spec in self.default_model:
+            capability, sep, name = spec.partition("=")
+            capability, name = capability.strip(), name.strip()
+            if not sep or capability not in CAPABILITIES or not name:
+                raise ConfigError(
+                    f"--default-model must look like CAPABILITY=NAME with CAPABILITY one of "
+                    f"{', '.join(CAPABILITIES)}; got {spec!r}"
+                )
+            chosen[capability] = name
+        return chosen
 
 
 def parse_model_spec(spec: str) -> ModelConfig:

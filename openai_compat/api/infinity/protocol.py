@@ -1,0 +1,36 @@
+"""infinity-emb 0.0.78's request bodies where they differ from ours (infinity_emb.fastapi_schemas)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+# infinity-emb's default when a request names no model.
+UNNAMED = "default/not-specified"
+
+
+class InfinityRerankRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    query: StrictStr
+    documents: list[StrictStr]
+    return_documents: StrictBool = False
+    raw_scores: StrictBool = False
+    model: StrictStr = UNNAMED
+    top_n: StrictInt | None = Field(None, gt=0)
+
+
+class InfinityClassifyRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input: list[StrictStr] | StrictStr
+    model: StrictStr = UNNAMED
+    raw_scores: StrictBool = False
+
+
+class InfinityMediaRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input: list[StrictStr] | StrictStr = Field(description="http(s) URLs or data: URIs.")
+    model: StrictStr = UNNAMED
+    encoding_format: str = "float"
+    user: StrictStr | None = None

@@ -1,0 +1,1 @@
+"""Hugging Face text-embeddings-inference's API: wire types in protocol.py, routes in routes.py."""

@@ -1,0 +1,65 @@
+"""TEI's request bodies, as text-embeddings-inference documents them (its openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+TokenIds = list[StrictInt]
+TeiInputs = Annotated[
+    StrictStr | TokenIds | list[StrictStr] | list[TokenIds], Field(union_mode="left_to_right")
+]
+Direction = Literal["Right", "Left", "right", "left"]
+
+
+class TeiEmbedRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: TeiInputs = Field(description="A string, a list of strings, or token ids.")
+    normalize: StrictBool = Field(True, description="Only true: vectors are L2-normalised.")
+    truncate: StrictBool | None = Field(
+        None, description="Truncate over-long inputs (default: the model's truncate setting)."
+    )
+    truncation_direction: Direction = Field(
+        "Right", description="Right drops the end of an over-long input, Left its beginning."
+    )
+    prompt_name: StrictStr | None = Field(None, description="One of the model's prompts.")
+    dimensions: StrictInt | None = Field(None, description="Cut + L2-normalise to N values.")
+
+
+class TeiRerankRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    query: StrictStr
+    texts: list[StrictStr]
+    raw_scores: StrictBool = False
+    return_text: StrictBool = False
+    truncate: StrictBool | None = None
+    truncation_direction: Direction = "Right"
+
+
+class TeiPredictRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: StrictStr | list[StrictStr] | list[list[StrictStr]] = Field(
+        description="A text, a [text, text] pair, or a list of texts or pairs."
+    )
+    raw_scores: StrictBool = False
+    truncate: StrictBool | None = None
+    truncation_direction: Direction = "Right"
+
+
+class TeiTokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: StrictStr | list[StrictStr]
+    add_special_tokens: StrictBool = True
+    prompt_name: StrictStr | None = None
+
+
+class TeiDecodeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    ids: TokenIds | list[TokenIds]
+    skip_special_tokens: StrictBool = True
