@@ -15,8 +15,11 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from openai_compat import __version__, logs
+from openai_compat.api import shared, vllm
 from openai_compat.api.cohere import embed as cohere_embed
 from openai_compat.api.cohere.protocol import EmbedRequestV1, EmbedRequestV2
+from openai_compat.api.infinity import routes as infinity_routes
+from openai_compat.api.tei import routes as tei_routes
 from openai_compat.bodies import BodyParser
 from openai_compat.errors import install_error_handlers
 from openai_compat.lifecycle import Lifecycle, in_daemon_thread
@@ -119,6 +122,10 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         (models.router, "", False),
         (embeddings.router, "", False),
         (tutorial.router, "", True),
+        (shared.router, "", True),
+        (infinity_routes.router, "", True),
+        (tei_routes.router, "", True),
+        (vllm.router, "", True),
     ]
     for router, prefix, documented in mounted:
         app.include_router(router, prefix=prefix, include_in_schema=documented)

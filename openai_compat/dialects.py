@@ -84,9 +84,7 @@ _CHOOSERS = {"/embed": _embed, "/rerank": _rerank, "/classify": _classify, "/tok
 
 
 def no_dialect(path: str) -> BadRequest:
-    expected = "; ".join(
-        f"'{key}' ({dialect})" for key, dialect, _ in SHARED_PATHS[path]
-    )
+    expected = "; ".join(f"'{key}' ({dialect})" for key, dialect, _ in SHARED_PATHS[path])
     return BadRequest(
         f"POST {path} is shared by several APIs and this body matches none: send {expected}.",
         param=SHARED_PATHS[path][0][0],

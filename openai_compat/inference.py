@@ -56,7 +56,7 @@ def check_count(n: int, limit: int, param: str, what: str = "inputs") -> None:
 
 
 async def texts_from_input(
-    raw: str | Sequence[Any], entry: ModelEntry, settings: Settings
+    raw: str | Sequence[Any], entry: ModelEntry, settings: Settings, param: str = "input"
 ) -> list[str]:
     """OpenAI's four input forms -> texts, token ids decoded as the model is configured.
 
@@ -65,14 +65,14 @@ async def texts_from_input(
     if isinstance(raw, str):
         return [raw]
     if len(raw) == 0:
-        check_count(0, settings.max_inputs_per_request, "input")
+        check_count(0, settings.max_inputs_per_request, param)
     first = raw[0]
     if isinstance(first, str):
-        check_count(len(raw), settings.max_inputs_per_request, "input")
+        check_count(len(raw), settings.max_inputs_per_request, param)
         return list(raw)
     single = isinstance(raw, np.ndarray) or isinstance(first, int | np.integer)
     batches: Sequence[Any] = [raw] if single else raw
-    check_count(len(batches), settings.max_inputs_per_request, "input")
+    check_count(len(batches), settings.max_inputs_per_request, param)
     decoder = entry.token_decoder
     if decoder is None:
         raise BadRequest(
@@ -414,3 +414,35 @@ async def classify_texts(
     ]
     finite_scores(entry, [score for item in labels for _, score in item])
     return ClassifyResult(labels, tokens)
+
+
+async def classify_pairs(
+    entry: ModelEntry,
+    inputs: Sequence[str | tuple[str, str]],
+    settings: Settings,
+    *,
+    raw_scores: bool,
+) -> tuple[list[list[tuple[str, float]]], int]:
+    """Label distributions for texts and (text, text) pairs, best first. Pairs run beside the
+    batcher (infinity-emb classifies single texts only), through the model's own pipeline."""
+    if entry.logits is None:
+        raise BadRequest(
+            f"Model {entry.name!r} cannot classify text pairs.",
+            param="inputs",
+            code="unsupported_input",
+        )
+    with entry.admit(len(inputs), settings.max_queued_inputs), engine_errors():
+        rows = await entry.logits.logits(
+            [x if isinstance(x, str) else {"text": x[0], "text_pair": x[1]} for x in inputs]
+        )
+    labels = []
+    for row in rows:
+        names = [str(d["label"]) for d in row]
+        values = np.asarray([float(d["score"]) for d in row], dtype=np.float64)
+        if not raw_scores:
+            values = np.exp(values - values.max())
+            values /= values.sum()
+        labels.append(sorted(zip(names, values.tolist(), strict=True), key=lambda p: -p[1]))
+    finite_scores(entry, [score for item in labels for _, score in item])
+    tokens = await entry.counter.pairs_usage(inputs) if entry.counter is not None else 0
+    return labels, tokens

@@ -318,6 +318,52 @@ class TokenCounter:
 
         return await asyncio.to_thread(cut)
 
+    async def pairs_usage(self, inputs: Sequence[str | tuple[str, str]]) -> int:
+        """Tokens of texts and (text, text) pairs as a classifier sees them, after truncation."""
+
+        def count() -> int:
+            encodings = self._tok.encode_batch(list(inputs))
+            lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64)
+            if self.max_length:
+                lengths = np.minimum(lengths, self.max_length)
+            return int(lengths.sum())
+
+        return await asyncio.to_thread(count)
+
+    def tokens(
+        self, texts: Sequence[str], *, add_special_tokens: bool
+    ) -> list[list[tuple[int, str, bool, tuple[int, int]]]]:
+        """Each text's tokens as the model sees them: (id, token, special, (start, stop))."""
+        rows = []
+        for enc in self._plain.encode_batch(list(texts), add_special_tokens=add_special_tokens):
+            specials = enc.special_tokens_mask
+            rows.append(
+                [
+                    (int(i), str(t), bool(sp), (int(a), int(b)))
+                    for i, t, sp, (a, b) in zip(
+                        enc.ids, enc.tokens, specials, enc.offsets, strict=True
+                    )
+                ]
+            )
+        return rows
+
+    def decode(self, batches: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
+        vocab = self._plain.get_vocab_size()
+        for i, ids in enumerate(batches):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise BadRequest(
+                    f"ids[{i}] holds token id {bad[0]}, outside this model's vocabulary of "
+                    f"{vocab}.",
+                    param="ids",
+                    code="invalid_token_id",
+                )
+        return list(
+            self._plain.decode_batch(
+                [list(b) for b in batches], skip_special_tokens=skip_special_tokens
+            )
+        )
+
     async def truncate_texts(self, texts: Sequence[str], max_tokens: int) -> list[str]:
         """Cut each text after its first `max_tokens` tokens, at the original characters."""
 

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+from starlette.responses import Response
+
+from openai_compat.encoding import orjson_response
+from openai_compat.errors import BadRequest
+from openai_compat.registry import ModelEntry
+from openai_compat.routes import body_openapi, read_body, ready_registry, settings_of
+
+router = APIRouter(tags=["tokenize"])
 
 
 class VllmTokenizeRequest(BaseModel):
@@ -18,3 +29,33 @@ class VllmDetokenizeRequest(BaseModel):
 
     tokens: list[StrictInt]
     model: StrictStr | None = None
+
+
+async def vllm_tokenize(request: Request, body: VllmTokenizeRequest) -> Response:
+    entry = _model(request, body.model)
+    counter = _counter(entry, "prompt")
+    (row,) = counter.tokens([body.prompt], add_special_tokens=body.add_special_tokens)
+    ids = [i for i, _, _, _ in row]
+    return orjson_response({"tokens": ids, "count": len(ids), "max_model_len": entry.max_length})
+
+
+@router.post("/detokenize", openapi_extra=body_openapi(VllmDetokenizeRequest))
+async def detokenize(request: Request) -> Response:
+    """vLLM: token ids back to text with the model's own tokenizer."""
+    body = await read_body(request, VllmDetokenizeRequest)
+    entry = _model(request, body.model)
+    (text,) = _counter(entry, "tokens").decode([body.tokens], skip_special_tokens=True)
+    return orjson_response({"prompt": text})
+
+
+def _model(request: Request, name: str | None) -> ModelEntry:
+    registry = ready_registry(request)
+    if name is not None:
+        return registry.resolve(name)
+    return registry.default("embed", settings_of(request).default_models())
+
+
+def _counter(entry: ModelEntry, param: str) -> Any:
+    if entry.counter is None:
+        raise BadRequest(f"Model {entry.name!r} has no tokenizer.", param=param)
+    return entry.counter

@@ -251,7 +251,7 @@ class LogitsRunner:
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"logits-{name}")
         return cls(pipe, pool)
 
-    def _run(self, texts: Sequence[str], stop: threading.Event) -> list[list[dict[str, Any]]]:
+    def _run(self, texts: Sequence[Any], stop: threading.Event) -> list[list[dict[str, Any]]]:
         out: list[list[dict[str, Any]]] = []
         for start in range(0, len(texts), self.chunk):
             if stop.is_set():
@@ -261,7 +261,8 @@ class LogitsRunner:
             out += [r if isinstance(r, list) else [r] for r in rows]
         return out
 
-    async def logits(self, texts: Sequence[str]) -> list[list[dict[str, Any]]]:
+    async def logits(self, texts: Sequence[Any]) -> list[list[dict[str, Any]]]:
+        """Per input (a text, or a {'text', 'text_pair'} dict), every label's logit."""
         stop = threading.Event()
         loop = asyncio.get_running_loop()
         try:

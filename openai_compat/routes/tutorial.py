@@ -1,7 +1,8 @@
 """The original tutorial's routes, unchanged for its users: models picked by `model_index`.
 
 They share the engine paths of the /v1 API (inference.py); only the wire shapes differ.
-`/classify` also accepts the /v1/classify request (`input` instead of `sentences`).
+`/embed`, `/rerank` and `/classify` are shared with other APIs: api/shared.py routes a body
+here when it carries the tutorial's keys (dialects.py).
 """
 
 from __future__ import annotations
@@ -20,16 +21,11 @@ from openai_compat.inference import (
 )
 from openai_compat.protocol import (
     ERROR_RESPONSES,
-    ClassifyRequest,
-    ClassifyResponse,
     TutorialClassifyRequest,
-    TutorialClassifyResponse,
     TutorialEmbedRequest,
     TutorialEmbedResponse,
     TutorialImageEmbedRequest,
     TutorialRerankRequest,
-    TutorialRerankResponse,
-    classify_request_model,
 )
 from openai_compat.registry import ModelEntry
 from openai_compat.routes import (
@@ -40,7 +36,6 @@ from openai_compat.routes import (
     ready_registry,
     settings_of,
 )
-from openai_compat.routes.classify import classify_payload
 from openai_compat.tokens import field_names
 
 router = APIRouter(tags=["tutorial"])
@@ -51,15 +46,8 @@ def _embeddings(entry: ModelEntry, result: EmbedResult) -> Response:
     return orjson_response({"embeddings": embeddings, "usage": result.tokens, "model": entry.name})
 
 
-@router.post(
-    "/embed",
-    response_model=TutorialEmbedResponse,
-    responses=ERROR_RESPONSES,
-    openapi_extra=body_openapi(TutorialEmbedRequest),
-)
-async def embed(request: Request) -> Response:
+async def embed(request: Request, body: TutorialEmbedRequest) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
-    body = await read_body(request, TutorialEmbedRequest)
     entry = registry.by_index(body.model_index, "embed")
     check_count(len(body.sentences), settings.max_inputs_per_request, "sentences", "sentences")
     prompt = entry.prompts.choose(
@@ -90,15 +78,8 @@ async def image_embed(request: Request) -> Response:
     return _embeddings(entry, result)
 
 
-@router.post(
-    "/rerank",
-    response_model=TutorialRerankResponse,
-    responses=ERROR_RESPONSES,
-    openapi_extra=body_openapi(TutorialRerankRequest),
-)
-async def rerank(request: Request) -> Response:
+async def rerank(request: Request, body: TutorialRerankRequest) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
-    body = await read_body(request, TutorialRerankRequest)
     entry = registry.by_index(body.model_index, "rerank")
     result = await rerank_texts(entry, body.query, body.docs, settings, docs_param="docs")
     note(request, entry.name, len(body.docs), result.tokens)
@@ -109,23 +90,8 @@ async def rerank(request: Request) -> Response:
     return orjson_response({"rankings": rankings, "usage": result.tokens, "model": entry.name})
 
 
-@router.post(
-    "/classify",
-    response_model=TutorialClassifyResponse | ClassifyResponse,
-    responses=ERROR_RESPONSES,
-    openapi_extra=body_openapi(TutorialClassifyRequest, ClassifyRequest),
-)
-async def classify(request: Request) -> Response:
+async def classify(request: Request, body: TutorialClassifyRequest) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
-    body: ClassifyRequest | TutorialClassifyRequest = await read_body(
-        request, classify_request_model
-    )
-    if isinstance(body, ClassifyRequest):
-        entry = registry.require(body.model, "classify")
-        texts = [body.input] if isinstance(body.input, str) else body.input
-        result = await classify_texts(entry, texts, settings, raw_scores=bool(body.raw_scores))
-        note(request, entry.name, len(texts), result.tokens)
-        return orjson_response(classify_payload(result, body.model))
     entry = registry.by_index(body.model_index, "classify")
     result = await classify_texts(entry, body.sentences, settings, param="sentences")
     note(request, entry.name, len(body.sentences), result.tokens)

@@ -1,4 +1,4 @@
-"""infinity-emb 0.0.78's request bodies where they differ from ours (infinity_emb.fastapi_schemas)."""
+"""infinity-emb 0.0.78's request bodies where they differ from ours."""
 
 from __future__ import annotations
 

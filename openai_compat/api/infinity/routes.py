@@ -1,0 +1,125 @@
+"""infinity-emb's API where it differs from ours: bare /rerank and /classify (reached through
+dialects.py), /embeddings_image and /embeddings_audio. Errors keep our (OpenAI) envelope, as
+infinity's do. `model` may be left out, as infinity allows: the default model then answers."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from openai_compat.api.infinity.protocol import (
+    UNNAMED,
+    InfinityClassifyRequest,
+    InfinityMediaRequest,
+    InfinityRerankRequest,
+)
+from openai_compat.api.tei.routes import raw_score
+from openai_compat.encoding import embedding_payload, orjson_response
+from openai_compat.errors import BadRequest
+from openai_compat.inference import check_top_n, classify_texts, embed_media, rerank_texts
+from openai_compat.media import Modality
+from openai_compat.protocol import ERROR_RESPONSES, EmbeddingResponse
+from openai_compat.registry import Capability, ModelEntry
+from openai_compat.routes import (
+    body_openapi,
+    media_of,
+    note,
+    read_body,
+    ready_registry,
+    settings_of,
+)
+
+router = APIRouter(tags=["infinity"])
+
+
+def _model(request: Request, name: str, capability: Capability) -> ModelEntry:
+    registry = ready_registry(request)
+    if name == UNNAMED:
+        return registry.default(capability, settings_of(request).default_models())
+    return registry.require(name, capability)
+
+
+def _envelope(kind: str, model: str, tokens: int) -> dict[str, Any]:
+    return {
+        "object": kind,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        "id": f"infinity-{uuid.uuid4()}",
+        "created": int(time.time()),
+    }
+
+
+async def infinity_rerank(request: Request, body: InfinityRerankRequest) -> Response:
+    entry = _model(request, body.model, "rerank")
+    check_top_n(body.top_n)
+    result = await rerank_texts(entry, body.query, body.documents, settings_of(request))
+    note(request, entry.name, len(body.documents), result.tokens)
+    ranked = result.ranked[: body.top_n] if body.top_n else result.ranked
+    results = [
+        {
+            "relevance_score": raw_score(entry, r.score) if body.raw_scores else r.score,
+            "index": r.index,
+            "document": body.documents[r.index] if body.return_documents else None,
+        }
+        for r in ranked
+    ]
+    return orjson_response({"results": results, **_envelope("rerank", entry.name, result.tokens)})
+
+
+async def infinity_classify(request: Request, body: InfinityClassifyRequest) -> Response:
+    entry = _model(request, body.model, "classify")
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    result = await classify_texts(entry, texts, settings_of(request), raw_scores=body.raw_scores)
+    note(request, entry.name, len(texts), result.tokens)
+    data = [[{"score": s, "label": label} for label, s in labels] for labels in result.labels]
+    return orjson_response({"data": data, **_envelope("classify", entry.name, result.tokens)})
+
+
+async def _media(request: Request, modality: Modality) -> Response:
+    body = await read_body(request, InfinityMediaRequest)
+    entry = _model(request, body.model, modality)
+    if body.encoding_format not in ("float", "base64"):
+        raise BadRequest("'encoding_format' must be 'float' or 'base64'.", param="encoding_format")
+    items = [body.input] if isinstance(body.input, str) else body.input
+    result = await embed_media(
+        entry,
+        items,
+        modality,
+        settings_of(request),
+        media_of(request),
+    )
+    note(request, entry.name, len(items), result.tokens)
+    payload = embedding_payload(
+        result.vectors,
+        fmt=body.encoding_format,  # type: ignore[arg-type]
+        dimensions=None,
+        model=body.model if body.model != UNNAMED else entry.name,
+        prompt_tokens=result.tokens,
+    )
+    return Response(payload, media_type="application/json")
+
+
+@router.post(
+    "/embeddings_image",
+    response_model=EmbeddingResponse,
+    responses=ERROR_RESPONSES,
+    openapi_extra=body_openapi(InfinityMediaRequest),
+)
+async def embeddings_image(request: Request) -> Response:
+    """infinity: embed images given as URLs or data: URIs."""
+    return await _media(request, "image")
+
+
+@router.post(
+    "/embeddings_audio",
+    response_model=EmbeddingResponse,
+    responses=ERROR_RESPONSES,
+    openapi_extra=body_openapi(InfinityMediaRequest),
+)
+async def embeddings_audio(request: Request) -> Response:
+    """infinity: embed audio given as URLs or data: URIs."""
+    return await _media(request, "audio")

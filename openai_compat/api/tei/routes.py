@@ -1,0 +1,243 @@
+"""TEI's API on the bare paths: /embed, /rerank, /predict, /tokenize, /decode, /info and POST /.
+
+TEI serves one model and its requests name none: here they go to the default model for the
+capability (--default-model, else the first served model that can). Errors use TEI's body
+({"error", "error_type"}) and status codes (422 invalid, 413 too long / too many, 424 backend).
+The shared paths (/embed, /rerank, /tokenize) reach these handlers through dialects.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from openai_compat import __version__
+from openai_compat.api.tei.protocol import (
+    TeiDecodeRequest,
+    TeiEmbedRequest,
+    TeiPredictRequest,
+    TeiRerankRequest,
+    TeiTokenizeRequest,
+)
+from openai_compat.encoding import as_matrix, orjson_response, truncate_dimensions
+from openai_compat.errors import BadRequest, set_family
+from openai_compat.inference import (
+    check_count,
+    check_dimensions,
+    classify_pairs,
+    classify_texts,
+    embed_texts,
+    fit_texts,
+    rerank_texts,
+    texts_from_input,
+)
+from openai_compat.registry import Capability, ModelEntry
+from openai_compat.routes import body_openapi, note, read_body, ready_registry, settings_of
+from openai_compat.tokens import field_names
+
+router = APIRouter(tags=["tei"])
+_INPUTS = field_names("inputs")
+
+
+def _model(request: Request, capability: Capability) -> ModelEntry:
+    set_family(request, "tei")
+    registry, settings = ready_registry(request), settings_of(request)
+    return registry.default(capability, settings.default_models())
+
+
+def _keep(direction: str) -> str:
+    return "start" if direction.lower() == "right" else "end"
+
+
+async def tei_embed(request: Request, body: TeiEmbedRequest) -> Response:
+    entry = _model(request, "embed")
+    settings = settings_of(request)
+    if not body.normalize:
+        raise BadRequest(
+            "normalize=false is not supported: this server returns L2-normalised vectors.",
+            param="normalize",
+        )
+    check_dimensions(body.dimensions, entry)
+    texts = await texts_from_input(body.inputs, entry, settings, "inputs")
+    prompt = entry.prompts.choose(entry.name, prompt_name=body.prompt_name)
+    truncate = body.truncate
+    fitted = None
+    if body.truncation_direction.lower() == "left" and truncate is not False:
+        fitted = await fit_texts(
+            entry, texts, prompt=prompt, keep="end", max_tokens=None, names=_INPUTS
+        )
+    if fitted is not None:
+        result = await embed_texts(entry, fitted, settings, _INPUTS, truncate=True)
+    else:
+        result = await embed_texts(
+            entry, texts, settings, _INPUTS, prompt=prompt, truncate=truncate
+        )
+    note(request, entry.name, len(texts), result.tokens)
+    return orjson_response(list(truncate_dimensions(as_matrix(result.vectors), body.dimensions)))
+
+
+def raw_score(entry: ModelEntry, score: float) -> float:
+    """A rerank score back to the model's own scale: the logit for a cross-encoder (whose
+    score is its sigmoid), the cosine for an embedding model (score = (cos + 1) / 2)."""
+    if entry.cosine_rerank:
+        return 2.0 * score - 1.0
+    score = min(max(score, 1e-12), 1 - 1e-12)
+    return math.log(score / (1.0 - score))
+
+
+async def tei_rerank(request: Request, body: TeiRerankRequest) -> Response:
+    entry = _model(request, "rerank")
+    settings = settings_of(request)
+    docs = body.texts
+    if body.truncation_direction.lower() == "left" and entry.counter is not None:
+        check_count(len(docs), settings.max_rerank_documents, "texts", "documents")
+        cut = await fit_texts(entry, docs, prompt="", keep="end", max_tokens=None, names=_INPUTS)
+        docs = cut if cut is not None else docs
+    result = await rerank_texts(entry, body.query, docs, settings, docs_param="texts")
+    note(request, entry.name, len(docs), result.tokens)
+    out: list[dict[str, Any]] = []
+    for r in result.ranked:
+        item: dict[str, Any] = {
+            "index": r.index,
+            "score": raw_score(entry, r.score) if body.raw_scores else r.score,
+        }
+        if body.return_text:
+            item["text"] = body.texts[r.index]
+        out.append(item)
+    return orjson_response(out)
+
+
+async def tei_tokenize(request: Request, body: TeiTokenizeRequest) -> Response:
+    entry = _model(request, "embed") if _can_embed(request) else _any_model(request)
+    single = isinstance(body.inputs, str)
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    check_count(len(texts), settings_of(request).max_inputs_per_request, "inputs")
+    prompt = entry.prompts.choose(entry.name, prompt_name=body.prompt_name)
+    counter = _counter(entry)
+    rows = counter.tokens([prompt + t for t in texts], add_special_tokens=body.add_special_tokens)
+    out = [
+        [
+            {"id": i, "text": text, "special": special, "start": start, "stop": stop}
+            for i, text, special, (start, stop) in row
+        ]
+        for row in rows
+    ]
+    return orjson_response(out[:1] if single else out)
+
+
+def _can_embed(request: Request) -> bool:
+    registry = ready_registry(request)
+    return any("embed" in e.capabilities for e in registry.entries())
+
+
+def _any_model(request: Request) -> ModelEntry:
+    set_family(request, "tei")
+    return ready_registry(request).entries()[0]
+
+
+def _counter(entry: ModelEntry) -> Any:
+    if entry.counter is None:
+        raise BadRequest(f"Model {entry.name!r} has no tokenizer.", param="inputs")
+    return entry.counter
+
+
+@router.post("/predict", openapi_extra=body_openapi(TeiPredictRequest))
+async def predict(request: Request) -> Response:
+    """TEI: classify a text, a [text, text] pair, or a list of texts and pairs."""
+    entry = _model(request, "classify")
+    settings = settings_of(request)
+    body = await read_body(request, TeiPredictRequest)
+    raw = body.inputs
+    # As TEI reads it: a string, or a list of exactly two strings, is one input (a pair).
+    single = isinstance(raw, str) or (len(raw) == 2 and all(isinstance(x, str) for x in raw))
+    items: list[Any] = [raw] if single else list(raw)
+    check_count(len(items), settings.max_inputs_per_request, "inputs")
+    inputs: list[str | tuple[str, str]] = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            inputs.append(item)
+        elif len(item) == 1:
+            inputs.append(item[0])
+        elif len(item) == 2:
+            inputs.append((item[0], item[1]))
+        else:
+            raise BadRequest(
+                f"inputs[{i}] has {len(item)} texts; an input is one text or a pair.",
+                param="inputs",
+            )
+    if all(isinstance(x, str) for x in inputs):
+        texts = [x for x in inputs if isinstance(x, str)]
+        result = await classify_texts(
+            entry, texts, settings, raw_scores=body.raw_scores, param="inputs"
+        )
+        labels, tokens = result.labels, result.tokens
+    else:
+        labels, tokens = await classify_pairs(entry, inputs, settings, raw_scores=body.raw_scores)
+    note(request, entry.name, len(inputs), tokens)
+    out = [[{"score": s, "label": label} for label, s in row] for row in labels]
+    return orjson_response(out[0] if single else out)
+
+
+@router.post("/decode", openapi_extra=body_openapi(TeiDecodeRequest))
+async def decode(request: Request) -> Response:
+    """TEI: token ids back to text with the model's own tokenizer."""
+    set_family(request, "tei")
+    body = await read_body(request, TeiDecodeRequest)
+    entry = _model(request, "embed") if _can_embed(request) else _any_model(request)
+    single = not body.ids or isinstance(body.ids[0], int)
+    batches: Any = [body.ids] if single else body.ids
+    texts = _counter(entry).decode(batches, skip_special_tokens=body.skip_special_tokens)
+    return orjson_response(texts)
+
+
+@router.get("/info")
+async def info(request: Request) -> Response:
+    """TEI: what the default model is and the limits requests meet."""
+    set_family(request, "tei")
+    registry, settings = ready_registry(request), settings_of(request)
+    entry = registry.entries()[0]
+    defaults = settings.default_models()
+    if "embed" in entry.capabilities and not entry.multivector:
+        entry = registry.default("embed", defaults)
+        model_type: dict[str, Any] = {"embedding": {"pooling": "mean"}}
+    elif "rerank" in entry.capabilities:
+        model_type = {"reranker": {"id2label": {"0": "LABEL_0"}}}
+    else:
+        model_type = {"classifier": {"id2label": {}}}
+    return orjson_response(
+        {
+            "model_id": entry.config.model,
+            "model_sha": entry.config.revision,
+            "model_dtype": entry.config.dtype,
+            "model_type": model_type,
+            "max_concurrent_requests": settings.max_queued_inputs or 512,
+            "max_input_length": entry.max_length,
+            "max_batch_tokens": (entry.max_length or 512) * entry.config.batch_size,
+            "max_batch_requests": None,
+            "max_client_batch_size": settings.max_inputs_per_request,
+            "auto_truncate": settings.truncate
+            if entry.config.truncate is None
+            else entry.config.truncate,
+            "tokenization_workers": 1,
+            "version": __version__,
+            "served_name": entry.name,
+            "prompts": dict(entry.prompts.prompts) or None,
+            "default_prompt": entry.prompts.default,
+        }
+    )
+
+
+@router.post("/", openapi_extra=body_openapi(TeiEmbedRequest, TeiRerankRequest))
+async def root(request: Request) -> Response:
+    """TEI: POST / does what the (default) model does: embed, rerank or predict."""
+    set_family(request, "tei")
+    registry = ready_registry(request)
+    first = registry.entries()[0]
+    if "embed" in first.capabilities and not first.multivector:
+        return await tei_embed(request, await read_body(request, TeiEmbedRequest))
+    if "rerank" in first.capabilities:
+        return await tei_rerank(request, await read_body(request, TeiRerankRequest))
+    return await predict(request)
