@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 TokenIds = list[StrictInt]
 TeiInputs = Annotated[
@@ -13,9 +13,22 @@ TeiInputs = Annotated[
 Direction = Literal["Right", "Left", "right", "left"]
 
 
-class TeiEmbedRequest(BaseModel):
+class TeiBody(BaseModel):
+    """TEI's bodies; huggingface_hub's InferenceClient nests the options in `parameters`
+    ({"inputs": ..., "parameters": {"normalize": ...}}), which count as top-level keys."""
+
     model_config = ConfigDict(extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _lift_parameters(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("parameters"), dict):
+            lifted = {k: v for k, v in data["parameters"].items() if v is not None}
+            return {**lifted, **{k: v for k, v in data.items() if k != "parameters"}}
+        return data
+
+
+class TeiEmbedRequest(TeiBody):
     inputs: TeiInputs = Field(description="A string, a list of strings, or token ids.")
     normalize: StrictBool = Field(True, description="Only true: vectors are L2-normalised.")
     truncate: StrictBool | None = Field(
@@ -28,9 +41,7 @@ class TeiEmbedRequest(BaseModel):
     dimensions: StrictInt | None = Field(None, description="Cut + L2-normalise to N values.")
 
 
-class TeiRerankRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class TeiRerankRequest(TeiBody):
     query: StrictStr
     texts: list[StrictStr]
     raw_scores: StrictBool = False
@@ -39,9 +50,7 @@ class TeiRerankRequest(BaseModel):
     truncation_direction: Direction = "Right"
 
 
-class TeiPredictRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class TeiPredictRequest(TeiBody):
     inputs: StrictStr | list[StrictStr] | list[list[StrictStr]] = Field(
         description="A text, a [text, text] pair, or a list of texts or pairs."
     )
@@ -50,16 +59,12 @@ class TeiPredictRequest(BaseModel):
     truncation_direction: Direction = "Right"
 
 
-class TeiTokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class TeiTokenizeRequest(TeiBody):
     inputs: StrictStr | list[StrictStr]
     add_special_tokens: StrictBool = True
     prompt_name: StrictStr | None = None
 
 
-class TeiDecodeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class TeiDecodeRequest(TeiBody):
     ids: TokenIds | list[TokenIds]
     skip_special_tokens: StrictBool = True
