@@ -216,9 +216,10 @@ UNSEEN = [
 ]
 
 
-@pytest.mark.parametrize("path", ["/v1/classify", "/classify"])
-def test_classify_labels_unseen_sentences(multi_server: RemoteServer, path: str) -> None:
-    body = _post(multi_server, path, {"model": "sentiment", "input": [t for t, _ in UNSEEN]}).json()
+def test_classify_labels_unseen_sentences(multi_server: RemoteServer) -> None:
+    body = _post(
+        multi_server, "/v1/classify", {"model": "sentiment", "input": [t for t, _ in UNSEEN]}
+    ).json()
     assert body["object"] == "list" and body["model"] == "sentiment"
     for item, (_, label) in zip(body["data"], UNSEEN, strict=True):
         assert item["label"] == label and item["score"] > 0.5

@@ -7,7 +7,12 @@ from starlette.responses import Response
 
 from openai_compat.api.infinity.protocol import InfinityClassifyRequest, InfinityRerankRequest
 from openai_compat.api.infinity.routes import infinity_classify, infinity_rerank
-from openai_compat.api.tei.protocol import TeiEmbedRequest, TeiRerankRequest, TeiTokenizeRequest
+from openai_compat.api.tei.protocol import (
+    TEI_ERROR_RESPONSES,
+    TeiEmbedRequest,
+    TeiRerankRequest,
+    TeiTokenizeRequest,
+)
 from openai_compat.api.tei.routes import tei_embed, tei_rerank, tei_tokenize
 from openai_compat.api.vllm import VllmTokenizeRequest, vllm_tokenize
 from openai_compat.dialects import SHARED_PATHS, chooser, no_dialect
@@ -20,13 +25,19 @@ from openai_compat.protocol import (
 from openai_compat.routes import body_openapi, read_body, tutorial
 
 router = APIRouter(tags=["shared bare paths"])
+# Errors come in the body's dialect's shape: OpenAI's, or TEI's (with TEI's status codes).
+_RESPONSES: dict[int | str, dict[str, object]] = {
+    code: {"description": f"{spec['description']} ({family} body)"}
+    for family, table in (("OpenAI", ERROR_RESPONSES), ("TEI", TEI_ERROR_RESPONSES))
+    for code, spec in table.items()
+}
 
 
 def _documented(path: str) -> dict[str, object]:
     return body_openapi(*(model for _, _, model in SHARED_PATHS[path]))
 
 
-@router.post("/embed", responses=ERROR_RESPONSES, openapi_extra=_documented("/embed"))
+@router.post("/embed", responses=_RESPONSES, openapi_extra=_documented("/embed"))
 async def embed(request: Request) -> Response:
     """The tutorial's embed (`sentences`) or TEI's (`inputs`)."""
     body = await read_body(request, chooser("/embed"))
@@ -37,7 +48,7 @@ async def embed(request: Request) -> Response:
     raise no_dialect("/embed")
 
 
-@router.post("/rerank", responses=ERROR_RESPONSES, openapi_extra=_documented("/rerank"))
+@router.post("/rerank", responses=_RESPONSES, openapi_extra=_documented("/rerank"))
 async def rerank(request: Request) -> Response:
     """The tutorial's rerank (`docs`), infinity's (`documents`) or TEI's (`texts`)."""
     body = await read_body(request, chooser("/rerank"))
@@ -50,7 +61,7 @@ async def rerank(request: Request) -> Response:
     raise no_dialect("/rerank")
 
 
-@router.post("/classify", responses=ERROR_RESPONSES, openapi_extra=_documented("/classify"))
+@router.post("/classify", responses=_RESPONSES, openapi_extra=_documented("/classify"))
 async def classify(request: Request) -> Response:
     """The tutorial's classify (`sentences`) or infinity's (`input`)."""
     body = await read_body(request, chooser("/classify"))
@@ -61,7 +72,7 @@ async def classify(request: Request) -> Response:
     raise no_dialect("/classify")
 
 
-@router.post("/tokenize", responses=ERROR_RESPONSES, openapi_extra=_documented("/tokenize"))
+@router.post("/tokenize", responses=_RESPONSES, openapi_extra=_documented("/tokenize"))
 async def tokenize(request: Request) -> Response:
     """vLLM's tokenize (`prompt`) or TEI's (`inputs`)."""
     body = await read_body(request, chooser("/tokenize"))

@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from openai_compat.encoding import orjson_response
 from openai_compat.errors import BadRequest
+from openai_compat.protocol import ERROR_RESPONSES
 from openai_compat.registry import ModelEntry
 from openai_compat.routes import body_openapi, read_body, ready_registry, settings_of
 
@@ -39,7 +40,9 @@ async def vllm_tokenize(request: Request, body: VllmTokenizeRequest) -> Response
     return orjson_response({"tokens": ids, "count": len(ids), "max_model_len": entry.max_length})
 
 
-@router.post("/detokenize", openapi_extra=body_openapi(VllmDetokenizeRequest))
+@router.post(
+    "/detokenize", responses=ERROR_RESPONSES, openapi_extra=body_openapi(VllmDetokenizeRequest)
+)
 async def detokenize(request: Request) -> Response:
     """vLLM: token ids back to text with the model's own tokenizer."""
     body = await read_body(request, VllmDetokenizeRequest)

@@ -68,3 +68,21 @@ class TeiTokenizeRequest(TeiBody):
 class TeiDecodeRequest(TeiBody):
     ids: TokenIds | list[TokenIds]
     skip_special_tokens: StrictBool = True
+
+
+class TeiError(BaseModel):
+    error: str
+    error_type: str
+
+
+TEI_ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
+    status: {"model": TeiError, "description": text}
+    for status, text in (
+        (401, "Missing or wrong API key"),
+        (413, "Input too long, or too many inputs"),
+        (422, "Invalid request"),
+        (424, "The model failed"),
+        (429, "Too much queued work; retry after the Retry-After header"),
+        (503, "Not ready or shutting down"),
+    )
+}

@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from openai_compat import __version__
 from openai_compat.api.tei.protocol import (
+    TEI_ERROR_RESPONSES,
     TeiDecodeRequest,
     TeiEmbedRequest,
     TeiPredictRequest,
@@ -144,7 +145,9 @@ def _counter(entry: ModelEntry) -> Any:
     return entry.counter
 
 
-@router.post("/predict", openapi_extra=body_openapi(TeiPredictRequest))
+@router.post(
+    "/predict", responses=TEI_ERROR_RESPONSES, openapi_extra=body_openapi(TeiPredictRequest)
+)
 async def predict(request: Request) -> Response:
     """TEI: classify a text, a [text, text] pair, or a list of texts and pairs."""
     entry = _model(request, "classify")
@@ -181,7 +184,7 @@ async def predict(request: Request) -> Response:
     return orjson_response(out[0] if single else out)
 
 
-@router.post("/decode", openapi_extra=body_openapi(TeiDecodeRequest))
+@router.post("/decode", responses=TEI_ERROR_RESPONSES, openapi_extra=body_openapi(TeiDecodeRequest))
 async def decode(request: Request) -> Response:
     """TEI: token ids back to text with the model's own tokenizer."""
     set_family(request, "tei")
@@ -193,7 +196,7 @@ async def decode(request: Request) -> Response:
     return orjson_response(texts)
 
 
-@router.get("/info")
+@router.get("/info", responses=TEI_ERROR_RESPONSES)
 async def info(request: Request) -> Response:
     """TEI: what the default model is and the limits requests meet."""
     set_family(request, "tei")
@@ -230,7 +233,11 @@ async def info(request: Request) -> Response:
     )
 
 
-@router.post("/", openapi_extra=body_openapi(TeiEmbedRequest, TeiRerankRequest))
+@router.post(
+    "/",
+    responses=TEI_ERROR_RESPONSES,
+    openapi_extra=body_openapi(TeiEmbedRequest, TeiRerankRequest),
+)
 async def root(request: Request) -> Response:
     """TEI: POST / does what the (default) model does: embed, rerank or predict."""
     set_family(request, "tei")
