@@ -24,17 +24,24 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorResponse, "description": text}
-    for status, text in (
-        (400, "Invalid request"),
-        (401, "Missing or wrong API key"),
-        (404, "Unknown model"),
-        (413, "Request body too large"),
-        (429, "Too much queued work; retry after the Retry-After header"),
-        (503, "Not ready or shutting down"),
-    )
+ERROR_STATUSES: dict[int, str] = {
+    400: "Invalid request",
+    401: "Missing or wrong API key",
+    404: "Unknown model",
+    413: "Request body too large",
+    429: "Too much queued work; retry after the Retry-After header",
+    503: "Not ready or shutting down",
 }
+
+
+def error_responses(
+    model: type[BaseModel], statuses: dict[int, str] = ERROR_STATUSES
+) -> dict[int | str, dict[str, object]]:
+    """OpenAPI `responses` for an API family's error body."""
+    return {status: {"model": model, "description": text} for status, text in statuses.items()}
+
+
+ERROR_RESPONSES = error_responses(ErrorResponse)
 
 # ---------------------------------------------------------------- models
 

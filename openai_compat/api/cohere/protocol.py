@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from openai_compat.protocol import error_responses
+
 Truncate = Literal["NONE", "START", "END"]
 
 
@@ -13,17 +15,7 @@ class CohereError(BaseModel):
     message: str
 
 
-COHERE_ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
-    status: {"model": CohereError, "description": text}
-    for status, text in (
-        (400, "Invalid request"),
-        (401, "Missing or wrong API key"),
-        (404, "Unknown model"),
-        (413, "Request body too large"),
-        (429, "Too much queued work; retry after the Retry-After header"),
-        (503, "Not ready or shutting down"),
-    )
-}
+COHERE_ERROR_RESPONSES = error_responses(CohereError)
 
 
 class EmbedRequestV1(BaseModel):

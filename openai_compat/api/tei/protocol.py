@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
+from openai_compat.protocol import error_responses
+
 TokenIds = list[StrictInt]
 TeiInputs = Annotated[
     StrictStr | TokenIds | list[StrictStr] | list[TokenIds], Field(union_mode="left_to_right")
@@ -75,14 +77,14 @@ class TeiError(BaseModel):
     error_type: str
 
 
-TEI_ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
-    status: {"model": TeiError, "description": text}
-    for status, text in (
-        (401, "Missing or wrong API key"),
-        (413, "Input too long, or too many inputs"),
-        (422, "Invalid request"),
-        (424, "The model failed"),
-        (429, "Too much queued work; retry after the Retry-After header"),
-        (503, "Not ready or shutting down"),
-    )
-}
+TEI_ERROR_RESPONSES = error_responses(
+    TeiError,
+    {
+        401: "Missing or wrong API key",
+        413: "Input too long, or too many inputs",
+        422: "Invalid request",
+        424: "The model failed",
+        429: "Too much queued work; retry after the Retry-After header",
+        503: "Not ready or shutting down",
+    },
+)
