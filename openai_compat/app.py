@@ -48,6 +48,7 @@ async def _load(registry: Registry, lifecycle: Lifecycle, settings: Settings) ->
         await in_daemon_thread(importlib.import_module, "infinity_emb", name="import")
         logs.reclaim_root()
         await load_models(registry, settings.exports())
+        registry.choose_defaults(settings.default_models())
     except EngineFailure as exc:
         lifecycle.fail(str(exc))
     except Exception as exc:  # the loader must never die silently
@@ -63,6 +64,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     A `registry` that is already complete (tests, embedding in another app) is served as is.
     """
     registry = registry if registry is not None else Registry(settings.served_models())
+    settings.default_models()  # a malformed --default-model stops start-up here
     lifecycle = Lifecycle()
     bodies = BodyParser()
     media = MediaFetcher(
@@ -77,6 +79,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loader = None
         if registry.complete:
+            registry.choose_defaults(settings.default_models())
             lifecycle.ready()
         else:
             loader = asyncio.create_task(_load(registry, lifecycle, settings), name="load-models")

@@ -9,6 +9,7 @@ names the key each dialect expects.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from openai_compat.api.infinity.protocol import InfinityClassifyRequest, InfinityRerankRequest
 from openai_compat.api.tei.protocol import TeiEmbedRequest, TeiRerankRequest, TeiTokenizeRequest
 from openai_compat.api.vllm import VllmTokenizeRequest
+from openai_compat.bodies import Chooser
 from openai_compat.errors import BadRequest
 from openai_compat.protocol import (
     TutorialClassifyRequest,
@@ -51,9 +53,10 @@ class NoDialect(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-def chooser(path: str) -> Any:
-    """The body-model chooser for a shared path (module-level, so worker processes can run it)."""
-    return _CHOOSERS[path]
+def chooser(path: str) -> Chooser:
+    """The body-model chooser for a shared path (picklable: bodies may be parsed in the
+    worker processes)."""
+    return functools.partial(_choose, path)
 
 
 def _choose(path: str, data: Any) -> type[BaseModel]:
@@ -62,25 +65,6 @@ def _choose(path: str, data: Any) -> type[BaseModel]:
             if key in data:
                 return model
     return NoDialect
-
-
-def _embed(data: Any) -> type[BaseModel]:
-    return _choose("/embed", data)
-
-
-def _rerank(data: Any) -> type[BaseModel]:
-    return _choose("/rerank", data)
-
-
-def _classify(data: Any) -> type[BaseModel]:
-    return _choose("/classify", data)
-
-
-def _tokenize(data: Any) -> type[BaseModel]:
-    return _choose("/tokenize", data)
-
-
-_CHOOSERS = {"/embed": _embed, "/rerank": _rerank, "/classify": _classify, "/tokenize": _tokenize}
 
 
 def no_dialect(path: str) -> BadRequest:

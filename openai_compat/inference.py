@@ -162,6 +162,29 @@ async def fit_texts(
     return await counter.fit(texts, prompt=prompt, limit=limit, keep=keep, names=names)
 
 
+async def embed_fitted(
+    entry: ModelEntry,
+    texts: Sequence[str],
+    settings: Settings,
+    names: Names,
+    *,
+    prompt: str,
+    keep: Literal["start", "end"] | None,
+    max_tokens: int | None = None,
+) -> EmbedResult:
+    """embed_texts with the truncation a client chose: which part of an over-long text
+    survives (keep="start": the model's own truncation; "end"; None: refuse it), and an
+    optional per-input token cap. The prompt is never cut."""
+    fitted = await fit_texts(
+        entry, texts, prompt=prompt, keep=keep, max_tokens=max_tokens, names=names
+    )
+    if fitted is not None:
+        return await embed_texts(entry, fitted, settings, names, truncate=True)
+    return await embed_texts(
+        entry, texts, settings, names, prompt=prompt, truncate=keep is not None
+    )
+
+
 async def embed_media(
     entry: ModelEntry,
     items: Sequence[str],

@@ -94,6 +94,12 @@ class ModelEntry:
             self.queued -= inputs
             self.inflight -= 1
 
+    def tokenizer(self, param: str) -> TokenCounter:
+        """The model's own tokenizer (tokenize and decode routes); 400 for models without."""
+        if self.counter is None:
+            raise BadRequest(f"Model {self.name!r} has no tokenizer.", param=param)
+        return self.counter
+
     def engine_queue(self) -> int:
         """Items waiting in infinity-emb's batching queue."""
         return adapter.queue_length(self.engine)
@@ -113,6 +119,7 @@ class Registry:
         self._names: dict[str, str] = {}  # served name or alias -> served name
         self._order: list[str] = [c.served_name for c in configs]
         self.engines: list[Any] = []  # every engine started, for shutdown
+        self._defaults: dict[str, ModelEntry] = {}  # capability -> model (choose_defaults)
 
     # ------------------------------------------------------------ filling
 
@@ -162,23 +169,41 @@ class Registry:
             )
         return entry
 
-    def default(self, capability: Capability, chosen: dict[str, str]) -> ModelEntry:
-        """The model for requests that name none: the configured default for `capability`,
-        else the first served model that can do it."""
-        name = chosen.get(capability)
-        if name is not None:
-            return self.require(name, capability)
-        for entry in self.entries():
-            if capability in entry.capabilities and not (
-                capability == "rerank" and entry.cosine_rerank and self._has_reranker()
-            ):
-                return entry
-        raise BadRequest(
-            f"No served model can {_VERB[capability]}.", param="model", code="model_not_supported"
-        )
+    def choose_defaults(self, chosen: dict[str, str]) -> None:
+        """Fix the model each capability serves to requests that name none (TEI's API,
+        infinity's without `model`): `chosen` (--default-model), else the first served model
+        that can, a real cross-encoder before an embedding model's cosine ranking. Once, when
+        every model is loaded; a chosen name that is not served, or cannot, stops start-up."""
+        defaults: dict[str, ModelEntry] = {}
+        for capability, name in chosen.items():
+            try:
+                defaults[capability] = self.require(name, capability)  # type: ignore[arg-type]
+            except (ModelNotFound, BadRequest) as exc:
+                raise EngineFailure(f"--default-model {capability}={name}: {exc.message}") from exc
+        entries = self.entries()
+        for capability in _VERB:
+            able = [e for e in entries if capability in e.capabilities]
+            if capability == "rerank":  # stable sorts: config order otherwise
+                able.sort(key=lambda e: e.cosine_rerank)
+            elif capability == "embed":
+                able.sort(key=lambda e: e.multivector)
+            if able:
+                defaults.setdefault(capability, able[0])
+        self._defaults = defaults
 
-    def _has_reranker(self) -> bool:
-        return any("rerank" in e.capabilities and not e.cosine_rerank for e in self.entries())
+    def default(self, capability: Capability, *, or_first: bool = False) -> ModelEntry:
+        """The model for requests that name none (see choose_defaults); with `or_first`, the
+        first served model when none can (tokenizing needs only a tokenizer)."""
+        entry = self._defaults.get(capability)
+        if entry is None and or_first and self._order:
+            entry = self.resolve(self._order[0])
+        if entry is None:
+            raise BadRequest(
+                f"No served model can {_VERB[capability]}.",
+                param="model",
+                code="model_not_supported",
+            )
+        return entry
 
     def by_index(self, index: int, capability: Capability) -> ModelEntry:
         """The tutorial's routes pick models by position in the configured list."""

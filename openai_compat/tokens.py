@@ -80,18 +80,25 @@ class ModelTokenIdDecoder:
         self._tok = tokenizer
         self._vocab = tokenizer.get_vocab_size()
 
-    def decode(self, batches: Sequence[Sequence[int]]) -> list[str]:
+    def decode(
+        self,
+        batches: Sequence[Sequence[int]],
+        *,
+        skip_special_tokens: bool = True,
+        param: str = "input",
+    ) -> list[str]:
+        """Ids back to text; an id outside the vocabulary is a 400 naming `param[i]`."""
         batches = [_as_list(ids) for ids in batches]
         for i, ids in enumerate(batches):
             if ids and (min(ids) < 0 or max(ids) >= self._vocab):
                 bad = next(t for t in ids if t < 0 or t >= self._vocab)
                 raise BadRequest(
-                    f"input[{i}] holds token id {bad}, outside this model's vocabulary "
+                    f"{param}[{i}] holds token id {bad}, outside this model's vocabulary "
                     f"of {self._vocab}.",
-                    param="input",
+                    param=param,
                     code="invalid_token_id",
                 )
-        return list(self._tok.decode_batch(batches, skip_special_tokens=True))
+        return list(self._tok.decode_batch(batches, skip_special_tokens=skip_special_tokens))
 
 
 # Huge texts are never tokenised whole: only a prefix long enough to hold the tokens that
@@ -347,21 +354,12 @@ class TokenCounter:
             )
         return rows
 
-    def decode(self, batches: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
-        vocab = self._plain.get_vocab_size()
-        for i, ids in enumerate(batches):
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise BadRequest(
-                    f"ids[{i}] holds token id {bad[0]}, outside this model's vocabulary of "
-                    f"{vocab}.",
-                    param="ids",
-                    code="invalid_token_id",
-                )
-        return list(
-            self._plain.decode_batch(
-                [list(b) for b in batches], skip_special_tokens=skip_special_tokens
-            )
+    def decode(
+        self, batches: Sequence[Sequence[int]], *, skip_special_tokens: bool, param: str
+    ) -> list[str]:
+        """The model's own ids back to text (TEI's /decode, vLLM's /detokenize)."""
+        return ModelTokenIdDecoder(self._plain).decode(
+            batches, skip_special_tokens=skip_special_tokens, param=param
         )
 
     async def truncate_texts(self, texts: Sequence[str], max_tokens: int) -> list[str]:

@@ -68,3 +68,24 @@ def test_incomplete_while_loading() -> None:
     reg.add(_entry(reg.configs[0], "embed"))
     assert not reg.complete
     assert [e.name for e in reg.entries()] == ["x"]
+
+
+def test_defaults_are_fixed_at_start_up_real_reranker_first(registry: Registry) -> None:
+    registry.entries()[0].cosine_rerank = True  # 'emb' ranks by cosine; 'reranker' is real
+    registry.choose_defaults({})
+    assert registry.default("embed").name == "emb"
+    assert registry.default("rerank").name == "reranker"
+    with pytest.raises(BadRequest, match="No served model can classify text"):
+        registry.default("classify")
+    assert registry.default("classify", or_first=True).name == "emb"
+    registry.choose_defaults({"rerank": "emb"})
+    assert registry.default("rerank").name == "emb"
+
+
+def test_a_default_model_that_is_not_served_or_cannot_stops_start_up(registry: Registry) -> None:
+    from openai_compat.registry import EngineFailure
+
+    with pytest.raises(EngineFailure, match="--default-model rerank=nope: The model 'nope'"):
+        registry.choose_defaults({"rerank": "nope"})
+    with pytest.raises(EngineFailure, match="--default-model embed=reranker: Model 'reranker'"):
+        registry.choose_defaults({"embed": "reranker"})

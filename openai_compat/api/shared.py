@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 from fastapi import APIRouter, Request
+from pydantic import BaseModel
 from starlette.responses import Response
 
 from openai_compat.api.infinity.protocol import InfinityClassifyRequest, InfinityRerankRequest
@@ -33,51 +37,51 @@ _RESPONSES: dict[int | str, dict[str, object]] = {
 }
 
 
+# Each dialect's request model -> the handler that serves it.
+_HANDLERS: dict[type[BaseModel], Callable[[Request, Any], Awaitable[Response]]] = {
+    TutorialEmbedRequest: tutorial.embed,
+    TutorialRerankRequest: tutorial.rerank,
+    TutorialClassifyRequest: tutorial.classify,
+    TeiEmbedRequest: tei_embed,
+    TeiRerankRequest: tei_rerank,
+    TeiTokenizeRequest: tei_tokenize,
+    InfinityRerankRequest: infinity_rerank,
+    InfinityClassifyRequest: infinity_classify,
+    VllmTokenizeRequest: vllm_tokenize,
+}
+
+
 def _documented(path: str) -> dict[str, object]:
     return body_openapi(*(model for _, _, model in SHARED_PATHS[path]))
+
+
+async def _dispatch(request: Request, path: str) -> Response:
+    body: BaseModel = await read_body(request, chooser(path))
+    handler = _HANDLERS.get(type(body))
+    if handler is None:
+        raise no_dialect(path)
+    return await handler(request, body)
 
 
 @router.post("/embed", responses=_RESPONSES, openapi_extra=_documented("/embed"))
 async def embed(request: Request) -> Response:
     """The tutorial's embed (`sentences`) or TEI's (`inputs`)."""
-    body = await read_body(request, chooser("/embed"))
-    if isinstance(body, TutorialEmbedRequest):
-        return await tutorial.embed(request, body)
-    if isinstance(body, TeiEmbedRequest):
-        return await tei_embed(request, body)
-    raise no_dialect("/embed")
+    return await _dispatch(request, "/embed")
 
 
 @router.post("/rerank", responses=_RESPONSES, openapi_extra=_documented("/rerank"))
 async def rerank(request: Request) -> Response:
     """The tutorial's rerank (`docs`), infinity's (`documents`) or TEI's (`texts`)."""
-    body = await read_body(request, chooser("/rerank"))
-    if isinstance(body, TutorialRerankRequest):
-        return await tutorial.rerank(request, body)
-    if isinstance(body, InfinityRerankRequest):
-        return await infinity_rerank(request, body)
-    if isinstance(body, TeiRerankRequest):
-        return await tei_rerank(request, body)
-    raise no_dialect("/rerank")
+    return await _dispatch(request, "/rerank")
 
 
 @router.post("/classify", responses=_RESPONSES, openapi_extra=_documented("/classify"))
 async def classify(request: Request) -> Response:
     """The tutorial's classify (`sentences`) or infinity's (`input`)."""
-    body = await read_body(request, chooser("/classify"))
-    if isinstance(body, TutorialClassifyRequest):
-        return await tutorial.classify(request, body)
-    if isinstance(body, InfinityClassifyRequest):
-        return await infinity_classify(request, body)
-    raise no_dialect("/classify")
+    return await _dispatch(request, "/classify")
 
 
 @router.post("/tokenize", responses=_RESPONSES, openapi_extra=_documented("/tokenize"))
 async def tokenize(request: Request) -> Response:
     """vLLM's tokenize (`prompt`) or TEI's (`inputs`)."""
-    body = await read_body(request, chooser("/tokenize"))
-    if isinstance(body, VllmTokenizeRequest):
-        return await vllm_tokenize(request, body)
-    if isinstance(body, TeiTokenizeRequest):
-        return await tei_tokenize(request, body)
-    raise no_dialect("/tokenize")
+    return await _dispatch(request, "/tokenize")

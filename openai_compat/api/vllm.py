@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 from starlette.responses import Response
 
 from openai_compat.encoding import orjson_response
-from openai_compat.errors import BadRequest
 from openai_compat.protocol import ERROR_RESPONSES
 from openai_compat.registry import ModelEntry
-from openai_compat.routes import body_openapi, read_body, ready_registry, settings_of
+from openai_compat.routes import body_openapi, read_body, ready_registry
 
 router = APIRouter(tags=["tokenize"])
 
@@ -34,8 +31,9 @@ class VllmDetokenizeRequest(BaseModel):
 
 async def vllm_tokenize(request: Request, body: VllmTokenizeRequest) -> Response:
     entry = _model(request, body.model)
-    counter = _counter(entry, "prompt")
-    (row,) = counter.tokens([body.prompt], add_special_tokens=body.add_special_tokens)
+    (row,) = entry.tokenizer("prompt").tokens(
+        [body.prompt], add_special_tokens=body.add_special_tokens
+    )
     ids = [i for i, _, _, _ in row]
     return orjson_response({"tokens": ids, "count": len(ids), "max_model_len": entry.max_length})
 
@@ -47,7 +45,9 @@ async def detokenize(request: Request) -> Response:
     """vLLM: token ids back to text with the model's own tokenizer."""
     body = await read_body(request, VllmDetokenizeRequest)
     entry = _model(request, body.model)
-    (text,) = _counter(entry, "tokens").decode([body.tokens], skip_special_tokens=True)
+    (text,) = entry.tokenizer("tokens").decode(
+        [body.tokens], skip_special_tokens=True, param="tokens"
+    )
     return orjson_response({"prompt": text})
 
 
@@ -55,10 +55,4 @@ def _model(request: Request, name: str | None) -> ModelEntry:
     registry = ready_registry(request)
     if name is not None:
         return registry.resolve(name)
-    return registry.default("embed", settings_of(request).default_models())
-
-
-def _counter(entry: ModelEntry, param: str) -> Any:
-    if entry.counter is None:
-        raise BadRequest(f"Model {entry.name!r} has no tokenizer.", param=param)
-    return entry.counter
+    return registry.default("embed", or_first=True)

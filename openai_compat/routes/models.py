@@ -22,8 +22,7 @@ def _card(entry: ModelEntry, id: str) -> dict[str, object]:
         capabilities=sorted(entry.capabilities),
         dimensions=entry.dimensions,
         max_input_tokens=entry.max_length,
-        prompts=dict(entry.prompts.prompts) or None,
-        default_prompt=entry.prompts.default,
+        **(entry.prompts.describe() or {}),
         quantization_range=entry.quantizer.range(entry.dimensions or 0)
         if entry.quantizer
         else None,

@@ -23,7 +23,7 @@ from openai_compat.api.cohere.protocol import (
 from openai_compat.compact import check_types, encode
 from openai_compat.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.errors import BadRequest
-from openai_compat.inference import check_count, embed_media, embed_texts, fit_texts
+from openai_compat.inference import check_count, embed_fitted, embed_media, embed_texts
 from openai_compat.registry import ModelEntry, Registry
 from openai_compat.routes import (
     body_openapi,
@@ -145,23 +145,19 @@ async def _embed(request: Request, model: type[EmbedRequestV1], version: str) ->
     tokens = 0
     if inputs.texts:
         max_tokens = body.max_tokens if isinstance(body, EmbedRequestV2) else None
-        keep = _KEEP[body.truncate or "END"]
-        fitted = None
-        if body.truncate is not None or max_tokens is not None:
-            fitted = await fit_texts(
+        if body.truncate is None and max_tokens is None:  # the model's own setting
+            result = await embed_texts(
+                entry, inputs.texts, settings, inputs.text_names, prompt=prompt
+            )
+        else:
+            result = await embed_fitted(
                 entry,
                 inputs.texts,
+                settings,
+                inputs.text_names,
                 prompt=prompt,
-                keep=keep,
+                keep=_KEEP[body.truncate or "END"],
                 max_tokens=max_tokens,
-                names=inputs.text_names,
-            )
-        if fitted is not None:
-            result = await embed_texts(entry, fitted, settings, inputs.text_names, truncate=True)
-        else:
-            truncate = None if body.truncate is None else keep is not None
-            result = await embed_texts(
-                entry, inputs.texts, settings, inputs.text_names, prompt=prompt, truncate=truncate
             )
         parts.append((inputs.text_at, result.vectors))
         tokens += result.tokens

@@ -39,7 +39,7 @@ router = APIRouter(tags=["infinity"])
 def _model(request: Request, name: str, capability: Capability) -> ModelEntry:
     registry = ready_registry(request)
     if name == UNNAMED:
-        return registry.default(capability, settings_of(request).default_models())
+        return registry.default(capability)
     return registry.require(name, capability)
 
 

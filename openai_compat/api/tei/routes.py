@@ -30,10 +30,12 @@ from openai_compat.inference import (
     check_dimensions,
     classify_pairs,
     classify_texts,
+    embed_fitted,
     embed_texts,
     fit_texts,
     rerank_texts,
     texts_from_input,
+    truncate_for,
 )
 from openai_compat.registry import Capability, ModelEntry
 from openai_compat.routes import body_openapi, note, read_body, ready_registry, settings_of
@@ -43,14 +45,10 @@ router = APIRouter(tags=["tei"])
 _INPUTS = field_names("inputs")
 
 
-def _model(request: Request, capability: Capability) -> ModelEntry:
+def _model(request: Request, capability: Capability, *, or_first: bool = False) -> ModelEntry:
+    """TEI's requests name no model: the default for the capability (TEI's errors from here)."""
     set_family(request, "tei")
-    registry, settings = ready_registry(request), settings_of(request)
-    return registry.default(capability, settings.default_models())
-
-
-def _keep(direction: str) -> str:
-    return "start" if direction.lower() == "right" else "end"
+    return ready_registry(request).default(capability, or_first=or_first)
 
 
 async def tei_embed(request: Request, body: TeiEmbedRequest) -> Response:
@@ -64,17 +62,11 @@ async def tei_embed(request: Request, body: TeiEmbedRequest) -> Response:
     check_dimensions(body.dimensions, entry)
     texts = await texts_from_input(body.inputs, entry, settings, "inputs")
     prompt = entry.prompts.choose(entry.name, prompt_name=body.prompt_name)
-    truncate = body.truncate
-    fitted = None
-    if body.truncation_direction.lower() == "left" and truncate is not False:
-        fitted = await fit_texts(
-            entry, texts, prompt=prompt, keep="end", max_tokens=None, names=_INPUTS
-        )
-    if fitted is not None:
-        result = await embed_texts(entry, fitted, settings, _INPUTS, truncate=True)
+    if body.truncation_direction.lower() == "left" and body.truncate is not False:
+        result = await embed_fitted(entry, texts, settings, _INPUTS, prompt=prompt, keep="end")
     else:
         result = await embed_texts(
-            entry, texts, settings, _INPUTS, prompt=prompt, truncate=truncate
+            entry, texts, settings, _INPUTS, prompt=prompt, truncate=body.truncate
         )
     note(request, entry.name, len(texts), result.tokens)
     return orjson_response(list(truncate_dimensions(as_matrix(result.vectors), body.dimensions)))
@@ -95,7 +87,9 @@ async def tei_rerank(request: Request, body: TeiRerankRequest) -> Response:
     docs = body.texts
     if body.truncation_direction.lower() == "left" and entry.counter is not None:
         check_count(len(docs), settings.max_rerank_documents, "texts", "documents")
-        cut = await fit_texts(entry, docs, prompt="", keep="end", max_tokens=None, names=_INPUTS)
+        cut = await fit_texts(
+            entry, docs, prompt="", keep="end", max_tokens=None, names=field_names("texts")
+        )
         docs = cut if cut is not None else docs
     result = await rerank_texts(entry, body.query, docs, settings, docs_param="texts")
     note(request, entry.name, len(docs), result.tokens)
@@ -112,13 +106,14 @@ async def tei_rerank(request: Request, body: TeiRerankRequest) -> Response:
 
 
 async def tei_tokenize(request: Request, body: TeiTokenizeRequest) -> Response:
-    entry = _model(request, "embed") if _can_embed(request) else _any_model(request)
+    entry = _model(request, "embed", or_first=True)
     single = isinstance(body.inputs, str)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     check_count(len(texts), settings_of(request).max_inputs_per_request, "inputs")
     prompt = entry.prompts.choose(entry.name, prompt_name=body.prompt_name)
-    counter = _counter(entry)
-    rows = counter.tokens([prompt + t for t in texts], add_special_tokens=body.add_special_tokens)
+    rows = entry.tokenizer("inputs").tokens(
+        [prompt + t for t in texts], add_special_tokens=body.add_special_tokens
+    )
     out = [
         [
             {"id": i, "text": text, "special": special, "start": start, "stop": stop}
@@ -127,22 +122,6 @@ async def tei_tokenize(request: Request, body: TeiTokenizeRequest) -> Response:
         for row in rows
     ]
     return orjson_response(out[:1] if single else out)
-
-
-def _can_embed(request: Request) -> bool:
-    registry = ready_registry(request)
-    return any("embed" in e.capabilities for e in registry.entries())
-
-
-def _any_model(request: Request) -> ModelEntry:
-    set_family(request, "tei")
-    return ready_registry(request).entries()[0]
-
-
-def _counter(entry: ModelEntry) -> Any:
-    if entry.counter is None:
-        raise BadRequest(f"Model {entry.name!r} has no tokenizer.", param="inputs")
-    return entry.counter
 
 
 @router.post(
@@ -187,12 +166,13 @@ async def predict(request: Request) -> Response:
 @router.post("/decode", responses=TEI_ERROR_RESPONSES, openapi_extra=body_openapi(TeiDecodeRequest))
 async def decode(request: Request) -> Response:
     """TEI: token ids back to text with the model's own tokenizer."""
-    set_family(request, "tei")
+    entry = _model(request, "embed", or_first=True)
     body = await read_body(request, TeiDecodeRequest)
-    entry = _model(request, "embed") if _can_embed(request) else _any_model(request)
     single = not body.ids or isinstance(body.ids[0], int)
     batches: Any = [body.ids] if single else body.ids
-    texts = _counter(entry).decode(batches, skip_special_tokens=body.skip_special_tokens)
+    texts = entry.tokenizer("ids").decode(
+        batches, skip_special_tokens=body.skip_special_tokens, param="ids"
+    )
     return orjson_response(texts)
 
 
@@ -202,9 +182,8 @@ async def info(request: Request) -> Response:
     set_family(request, "tei")
     registry, settings = ready_registry(request), settings_of(request)
     entry = registry.entries()[0]
-    defaults = settings.default_models()
     if "embed" in entry.capabilities and not entry.multivector:
-        entry = registry.default("embed", defaults)
+        entry = registry.default("embed")
         model_type: dict[str, Any] = {"embedding": {"pooling": "mean"}}
     elif "rerank" in entry.capabilities:
         model_type = {"reranker": {"id2label": {"0": "LABEL_0"}}}
@@ -221,9 +200,7 @@ async def info(request: Request) -> Response:
             "max_batch_tokens": (entry.max_length or 512) * entry.config.batch_size,
             "max_batch_requests": None,
             "max_client_batch_size": settings.max_inputs_per_request,
-            "auto_truncate": settings.truncate
-            if entry.config.truncate is None
-            else entry.config.truncate,
+            "auto_truncate": truncate_for(entry, settings),
             "tokenization_workers": 1,
             "version": __version__,
             "served_name": entry.name,
