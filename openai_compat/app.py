@@ -122,11 +122,11 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         (models.router, "/v1", True),
         (embeddings.router, "/v1", True),
         (classify.router, "/v1", True),
+        (infinity_routes.router, "", True),  # before the bare /models: infinity's shape
         (models.router, "", False),
         (embeddings.router, "", False),
         (tutorial.router, "", True),
         (shared.router, "", True),
-        (infinity_routes.router, "", True),
         (tei_routes.router, "", True),
         (vllm.router, "", True),
     ]

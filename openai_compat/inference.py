@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from openai_compat.encoding import as_matrix
 from openai_compat.engine import adapter
 from openai_compat.errors import BadRequest, ModelOutputError
 from openai_compat.media import IMAGE_META, MediaError, MediaFetcher, Modality
@@ -131,6 +132,26 @@ async def embed_texts(
             counter.usage(texts, truncate=True), entry.engine.embed(list(texts))
         )
         return EmbedResult(vectors, tokens)
+
+
+def check_raw_output(entry: ModelEntry, param: str = "normalize") -> None:
+    """Un-normalised vectors (TEI's normalize=false) need the norms the engine adapter keeps."""
+    if not entry.raw_output:
+        raise BadRequest(
+            f"Model {entry.name!r} returns only L2-normalised vectors on this backend; "
+            f"leave '{param}' true.",
+            param=param,
+            code="unsupported_parameter",
+        )
+
+
+def raw_matrix(vectors: Sequence[Any]) -> np.ndarray:
+    """The model's own output (what sentence-transformers' encode(normalize_embeddings=False)
+    gives) for vectors of a model with raw_output."""
+    raw = adapter.raw_vectors(vectors)
+    if raw is None:  # check_raw_output ran first; a replica without norms is a server bug
+        raise RuntimeError("the engine returned vectors without their norms")
+    return as_matrix(raw)
 
 
 async def fit_texts(

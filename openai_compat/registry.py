@@ -52,6 +52,7 @@ class ModelEntry:
     logits: adapter.LogitsRunner | None = None  # raw classification logits (classifiers)
     multivector: bool = False  # one vector per token (ColBERT-style), not one per input
     engine_counts: bool = False  # the engine reports each embedding's tokens (no 2nd pass)
+    raw_output: bool = False  # vectors keep their pre-normalisation norm (TEI normalize=false)
     image_tokens: int = 0  # tokens one image is to the model (ViT patches + class token)
     sampling_rate: int | None = None  # what audio inputs must be sampled at
     cosine_rerank: bool = False  # reranks by embedding similarity (no cross-encoder)
@@ -305,6 +306,7 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
     dimensions = None
     multivector = False
     engine_counts = False
+    raw_output = False
     quantizer = None
     if "embed" in caps:
         counting = adapter.count_tokens_in_engine(replica)
@@ -312,6 +314,7 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         # Trust the engine's counts only if they arrive and match the model's tokenizer.
         expected = await counter.usage(["dimension probe"], truncate=True) if counter else None
         engine_counts = counting and adapter.engine_token_count(vectors) == expected
+        raw_output = adapter.raw_vectors(vectors) is not None
         probe = np.asarray(vectors[0])
         dimensions = int(probe.shape[-1])
         multivector = probe.ndim == 2
@@ -333,6 +336,7 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         logits=adapter.LogitsRunner.for_replica(replica, config.served_name),
         multivector=multivector,
         engine_counts=engine_counts,
+        raw_output=raw_output,
         image_tokens=adapter.image_tokens(replica) if "image" in caps else 0,
         sampling_rate=adapter.sampling_rate(replica) if "audio" in caps else None,
         cosine_rerank="embed" in native and "rerank" in caps,

@@ -13,6 +13,10 @@ from tests.utils import SERVER_ENV, RemoteServer
 # Nothing in the test process may reach a model hub.
 for _k, _v in SERVER_ENV.items():
     os.environ.setdefault(_k, _v)
+# Nor the network through a client library: litellm fetches its price list from GitHub at
+# import, Haystack sends telemetry.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 

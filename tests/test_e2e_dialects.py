@@ -6,6 +6,7 @@ other tests check against sentence-transformers and transformers directly).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,15 +26,31 @@ DOCS = ["The stock market fell today.", "Boil salted water and cook the pasta fo
 
 
 @pytest.fixture(scope="module")
+def mean_pool_minilm(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> Path:
+    """The packaged MiniLM without its final Normalize module: its own output is not unit
+    length, so TEI's normalize=false has something to show (files linked, not copied)."""
+    folder = tmp_path_factory.mktemp("mean-pool-minilm")
+    for item in Path(minilm_path).iterdir():
+        if item.name not in ("modules.json", "2_Normalize"):
+            (folder / item.name).symlink_to(item)
+    modules = json.loads((Path(minilm_path) / "modules.json").read_text())
+    kept = [m for m in modules if not m["type"].endswith("Normalize")]
+    assert len(kept) == len(modules) - 1
+    (folder / "modules.json").write_text(json.dumps(kept))
+    return folder
+
+
+@pytest.fixture(scope="module")
 def srv(
     tmp_path_factory: pytest.TempPathFactory,
     trained_models: dict[str, Path],
     tiny_media_models: dict[str, Path],
+    mean_pool_minilm: Path,
 ) -> Iterator[RemoteServer]:
     cfg = tmp_path_factory.mktemp("cfg") / "dialects.toml"
     cfg.write_text(
         'default_model = ["rerank=reranker"]\n'
-        '[[models]]\nname = "minilm"\nmodel = "builtin:all-MiniLM-L6-v2"\n'
+        f'[[models]]\nname = "minilm"\nmodel = "{mean_pool_minilm}"\n'
         f'[[models]]\nname = "reranker"\nmodel = "{trained_models["reranker"]}"\n'
         f'[[models]]\nname = "sentiment"\nmodel = "{trained_models["classifier"]}"\n'
         f'[[models]]\nname = "clip"\nmodel = "{tiny_media_models["clip"]}"\n'
@@ -41,6 +58,15 @@ def srv(
     )
     with RemoteServer(["--config", str(cfg)]) as server:
         yield server
+
+
+@pytest.fixture
+def hub_online(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests run with HF_HUB_OFFLINE=1, which also blocks huggingface_hub's requests to a
+    URL on 127.0.0.1; let those through (nothing here names a hub model)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
 
 
 def _post(srv: RemoteServer, path: str, body: Any) -> httpx.Response:
@@ -69,13 +95,9 @@ def test_tei_embed_and_post_root_equal_the_v1_vectors(srv: RemoteServer) -> None
 
 
 def test_huggingface_hub_inference_client_feature_extraction(
-    srv: RemoteServer, monkeypatch: pytest.MonkeyPatch
+    srv: RemoteServer, hub_online: None
 ) -> None:
-    import huggingface_hub.constants
     from huggingface_hub import InferenceClient
-
-    # The tests run with HF_HUB_OFFLINE=1, which also blocks URLs on 127.0.0.1.
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
 
     client = InferenceClient(model=srv.url, token="unused")
     got = client.feature_extraction(TEXTS[0], truncate=True)
@@ -91,6 +113,85 @@ def test_llamaindex_text_embeddings_inference(srv: RemoteServer) -> None:
     np.testing.assert_allclose(
         emb.get_text_embedding_batch(TEXTS), _v1_vectors(srv, TEXTS), atol=1e-6
     )
+
+
+def test_tei_normalize_false_is_the_models_own_output(
+    srv: RemoteServer, mean_pool_minilm: Path
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(mean_pool_minilm), device="cpu")
+    want = st.encode(TEXTS, normalize_embeddings=False)
+    assert np.all(np.abs(np.linalg.norm(want, axis=1) - 1) > 0.5)  # really not unit length
+    raw = _post(srv, "/embed", {"inputs": TEXTS, "normalize": False}).json()
+    np.testing.assert_allclose(raw, want, rtol=1e-5, atol=1e-5)
+    cut = _post(srv, "/embed", {"inputs": TEXTS, "normalize": False, "dimensions": 32}).json()
+    np.testing.assert_allclose(cut, want[:, :32], rtol=1e-5, atol=1e-5)
+    # normalize=true (TEI's default) and /v1 are the unit vectors of the same output
+    unit = want / np.linalg.norm(want, axis=1, keepdims=True)
+    np.testing.assert_allclose(_post(srv, "/embed", {"inputs": TEXTS}).json(), unit, atol=1e-6)
+    np.testing.assert_allclose(_v1_vectors(srv, TEXTS), unit, atol=1e-6)
+
+
+def test_haystack_tei_embedders_with_their_defaults(
+    srv: RemoteServer, mean_pool_minilm: Path, hub_online: None
+) -> None:
+    from haystack import Document
+    from haystack_integrations.components.embedders.huggingface_api import (
+        HuggingFaceAPIDocumentEmbedder,
+        HuggingFaceAPITextEmbedder,
+    )
+    from sentence_transformers import SentenceTransformer
+
+    # Haystack's defaults send truncate=true, normalize=false: the model's own output.
+    want = SentenceTransformer(str(mean_pool_minilm), device="cpu").encode(
+        TEXTS, normalize_embeddings=False
+    )
+    params = {"api_type": "text_embeddings_inference", "api_params": {"url": srv.url}}
+    text = HuggingFaceAPITextEmbedder(**params).run(text=TEXTS[0])  # type: ignore[arg-type]
+    np.testing.assert_allclose(text["embedding"], want[0], rtol=1e-5, atol=1e-5)
+    docs = HuggingFaceAPIDocumentEmbedder(**params).run(  # type: ignore[arg-type]
+        documents=[Document(content=t) for t in TEXTS]
+    )["documents"]
+    np.testing.assert_allclose([d.embedding for d in docs], want, rtol=1e-5, atol=1e-5)
+
+
+def test_haystack_tei_ranker(srv: RemoteServer) -> None:
+    from haystack import Document
+    from haystack_integrations.components.rankers.huggingface_api import HuggingFaceTEIRanker
+
+    want = _v1_scores(srv)
+    ranker = HuggingFaceTEIRanker(url=srv.url, top_k=2)
+    docs = ranker.run(query=QUERY, documents=[Document(content=d) for d in DOCS])["documents"]
+    assert [d.content for d in docs] == [DOCS[1], DOCS[0]]
+    for d in docs:
+        assert d.score == pytest.approx(want[DOCS.index(d.content)], abs=1e-6)
+
+
+def test_langchain_huggingface_endpoint_embeddings(srv: RemoteServer, hub_online: None) -> None:
+    from langchain_huggingface import HuggingFaceEndpointEmbeddings
+
+    emb = HuggingFaceEndpointEmbeddings(model=srv.url, huggingfacehub_api_token="unused")
+    np.testing.assert_allclose(emb.embed_documents(TEXTS), _v1_vectors(srv, TEXTS), atol=1e-6)
+    np.testing.assert_allclose(emb.embed_query(TEXTS[1]), _v1_vectors(srv, TEXTS)[1], atol=1e-6)
+
+
+def test_huggingface_hub_text_classification_on_a_classifier_server(
+    tmp_path: Path, trained_models: dict[str, Path], hub_online: None
+) -> None:
+    """TEI serves one model and POST / does what it does: a classifier server classifies."""
+    from huggingface_hub import InferenceClient
+
+    cfg = tmp_path / "classifier.toml"
+    cfg.write_text(f'[[models]]\nname = "sentiment"\nmodel = "{trained_models["classifier"]}"\n')
+    text = "I loved every minute of it."
+    with RemoteServer(["--config", str(cfg)]) as server:
+        v1 = _post(server, "/v1/classify", {"model": "sentiment", "input": text}).json()
+        got = InferenceClient(model=server.url, token="unused").text_classification(text)
+    best = max(v1["data"][0]["labels"], key=lambda x: x["score"])
+    # TEI answers one input with a flat list, of which huggingface_hub keeps the first (best)
+    assert got.label == best["label"]
+    assert got.score == pytest.approx(best["score"], abs=1e-6)
 
 
 def test_tei_rerank_uses_the_default_reranker(srv: RemoteServer) -> None:
@@ -190,6 +291,64 @@ def test_infinity_classify_and_media_routes(srv: RemoteServer) -> None:
     aud = _post(srv, "/embeddings_audio", {"model": "clap", "input": audio})
     assert aud.status_code == 200, aud.text
     assert len(aud.json()["data"]) == 1
+
+
+def test_litellm_infinity_provider_embeddings_and_rerank(srv: RemoteServer) -> None:
+    import litellm
+
+    emb = litellm.embedding(model="infinity/minilm", input=TEXTS, api_base=srv.url)
+    got = [d["embedding"] for d in emb.data]
+    np.testing.assert_allclose(got, _v1_vectors(srv, TEXTS), atol=1e-6)
+    # litellm's defaults: bare /rerank, `documents`, return_documents true, strings back
+    want = _v1_scores(srv)
+    rr = litellm.rerank(model="infinity/reranker", query=QUERY, documents=DOCS, api_base=srv.url)
+    assert [r["index"] for r in rr.results] == [1, 0]
+    assert rr.results[0]["document"] == {"text": DOCS[1]}
+    for r in rr.results:
+        assert r["relevance_score"] == pytest.approx(want[r["index"]], abs=1e-6)
+
+
+def test_infinity_generated_client(srv: RemoteServer) -> None:
+    from infinity_client import Client
+    from infinity_client.api.default import classify, embeddings, models, rerank
+    from infinity_client.models import (
+        ClassifyInput,
+        OpenAIEmbeddingInputText,
+        OpenAIEmbeddingResult,
+        OpenAIModelInfo,
+        RerankInput,
+        ReRankResult,
+    )
+
+    client = Client(base_url=srv.url, raise_on_unexpected_status=True)
+    listed = models.sync(client=client)
+    assert isinstance(listed, OpenAIModelInfo)
+    assert {m.id for m in listed.data} >= {"minilm", "reranker", "sentiment", "clip", "clap"}
+    assert next(m for m in listed.data if m.id == "reranker").stats["batch_size"] == 32
+    emb = embeddings.sync(
+        client=client, body=OpenAIEmbeddingInputText(input_=TEXTS, model="minilm")
+    )
+    assert isinstance(emb, OpenAIEmbeddingResult)
+    np.testing.assert_allclose([d.embedding for d in emb.data], _v1_vectors(srv, TEXTS), atol=1e-6)
+    # its defaults: model "default/not-specified" (the default model) and dimensions 0 (all)
+    unnamed = embeddings.sync(client=client, body=OpenAIEmbeddingInputText(input_=TEXTS[:1]))
+    assert unnamed.model == "minilm"  # type: ignore[union-attr]
+    np.testing.assert_allclose(
+        unnamed.data[0].embedding,  # type: ignore[union-attr]
+        _v1_vectors(srv, TEXTS[:1])[0],
+        atol=1e-6,
+    )
+    body = RerankInput(query=QUERY, documents=DOCS, return_documents=True, model="reranker")
+    rr = rerank.sync(client=client, body=body)
+    assert isinstance(rr, ReRankResult)
+    assert [(r.index, r.document) for r in rr.results] == [(1, DOCS[1]), (0, DOCS[0])]
+    want = _v1_scores(srv)
+    assert {r.index: r.relevance_score for r in rr.results} == pytest.approx(want, abs=1e-6)
+    cl = classify.sync(client=client, body=ClassifyInput(input_=["great"], model="sentiment"))
+    v1 = _post(srv, "/v1/classify", {"model": "sentiment", "input": ["great"]}).json()
+    assert [(x.label, x.score) for x in cl.data[0]] == [  # type: ignore[union-attr]
+        (x["label"], x["score"]) for x in v1["data"][0]["labels"]
+    ]
 
 
 def test_langchain_community_infinity_embeddings(srv: RemoteServer) -> None:

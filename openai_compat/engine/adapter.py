@@ -304,9 +304,11 @@ def contract_problems(engine: Any) -> list[str]:
 
 class TokenCountedArray(np.ndarray):
     """An embedding that carries how many tokens the model saw for it (specials included,
-    after truncation): read from the attention mask of the engine's own tokenisation."""
+    after truncation): read from the attention mask of the engine's own tokenisation; and,
+    where the engine's L2 normalisation was moved here, the norm the model's output had."""
 
     tokens: int = 0
+    norm: float | None = None
 
 
 def count_tokens_in_engine(replica: Any) -> bool:
@@ -316,10 +318,18 @@ def count_tokens_in_engine(replica: Any) -> bool:
     infinity-emb runs encode_pre -> encode_core -> encode_post per batch, in that order, on
     three threads; the counts ride along with the batch from the first to the last. Only for
     sentence-transformers embedders with one vector per input; False where not installed.
+
+    The engine L2-normalises every vector (`normalize_embeddings`) and drops the norm; where
+    that switch exists it is turned off and the same normalisation is done here, on the same
+    thread, keeping each row's norm, so that TEI's `normalize=false` can have the model's own
+    output back (see raw_vectors).
     """
     if kind_of(replica) != "embedder" or getattr(replica, "mode_colbert", False):
         return False
     pre, core, post = replica.encode_pre, replica.encode_core, replica.encode_post
+    normalize_here = getattr(replica, "normalize_embeddings", None) is True
+    if normalize_here:
+        replica.normalize_embeddings = False
 
     def encode_pre(sentences: list[str]) -> tuple[Any, list[int] | None]:
         features = pre(sentences)
@@ -333,12 +343,19 @@ def count_tokens_in_engine(replica: Any) -> bool:
     def encode_post(packed: tuple[Any, list[int] | None]) -> Any:
         out, counts = packed
         results = post(out)
+        norms: Any = None
+        if normalize_here:
+            matrix = np.asarray(results, dtype=np.float32)
+            norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+            results = matrix / np.maximum(norms, 1e-12)  # what the engine would have done
         if counts is None or len(counts) != len(results):
             return results
         counted = []
-        for row, n in zip(results, counts, strict=True):
+        for i, (row, n) in enumerate(zip(results, counts, strict=True)):
             array = np.asarray(row).view(TokenCountedArray)
             array.tokens = int(n)
+            if norms is not None:
+                array.norm = float(norms[i, 0])
             counted.append(array)
         return counted
 
@@ -348,6 +365,17 @@ def count_tokens_in_engine(replica: Any) -> bool:
         encode_post,
     )
     return True
+
+
+def raw_vectors(vectors: Sequence[Any]) -> list[np.ndarray] | None:
+    """The model's own output before the engine's L2 normalisation; None where the norms were
+    not kept (count_tokens_in_engine not installed, or the engine normalises elsewhere)."""
+    raw = []
+    for v in vectors:
+        if not isinstance(v, TokenCountedArray) or v.norm is None:
+            return None
+        raw.append(np.asarray(v) * np.float32(v.norm))
+    return raw
 
 
 def engine_token_count(vectors: Sequence[Any]) -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from openai_compat.api.infinity.protocol import UNNAMED
 from openai_compat.encoding import embedding_payload
 from openai_compat.errors import BadRequest
 from openai_compat.inference import (
@@ -39,8 +40,17 @@ async def create_embeddings(request: Request) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, EmbeddingRequest)
     modality = body.modality or "text"
-    entry = registry.require(body.model, "embed" if modality == "text" else modality)
-    check_dimensions(body.dimensions, entry)
+    capability = "embed" if modality == "text" else modality
+    dimensions = body.dimensions
+    if request.scope["path"] == "/embeddings":
+        # infinity's path: its clients send model "default/not-specified" and dimensions 0
+        # (= the model's size) unless told otherwise.
+        if dimensions == 0:
+            dimensions = None
+        if body.model == UNNAMED:
+            body.model = registry.default(capability).name
+    entry = registry.require(body.model, capability)
+    check_dimensions(dimensions, entry)
     result: EmbedResult
     if modality == "text":
         prompt = entry.prompts.choose(
@@ -60,7 +70,7 @@ async def create_embeddings(request: Request) -> Response:
     payload = embedding_payload(
         result.vectors,
         fmt=body.encoding_format or "float",
-        dimensions=body.dimensions,
+        dimensions=dimensions,
         model=body.model,
         prompt_tokens=result.tokens,
     )

@@ -29,18 +29,20 @@ def _card(entry: ModelEntry, id: str) -> dict[str, object]:
     ).model_dump(exclude_none=True)
 
 
-def _cards(registry: Registry) -> list[dict[str, object]]:
+def model_cards(registry: Registry) -> list[tuple[dict[str, object], ModelEntry]]:
+    """A card for every served name and alias, with the model it names."""
     cards = []
     for entry in registry.entries():
-        cards.append(_card(entry, entry.name))
-        cards += [_card(entry, alias) for alias in entry.config.aliases]
+        for id in (entry.name, *entry.config.aliases):
+            cards.append((_card(entry, id), entry))
     return cards
 
 
 @router.get("/models", response_model=ModelList, responses=ERROR_RESPONSES)
 async def list_models(request: Request) -> Response:
     """Every served name and alias, with each model's capabilities."""
-    return orjson_response({"object": "list", "data": _cards(ready_registry(request))})
+    cards = [card for card, _ in model_cards(ready_registry(request))]
+    return orjson_response({"object": "list", "data": cards})
 
 
 @router.get("/models/{model_id:path}", response_model=ModelCard, responses=ERROR_RESPONSES)

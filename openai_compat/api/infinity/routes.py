@@ -19,10 +19,11 @@ from openai_compat.api.infinity.protocol import (
 )
 from openai_compat.api.tei.routes import raw_score
 from openai_compat.encoding import embedding_payload, orjson_response
+from openai_compat.engine import adapter
 from openai_compat.errors import BadRequest
 from openai_compat.inference import check_top_n, classify_texts, embed_media, rerank_texts
 from openai_compat.media import Modality
-from openai_compat.protocol import ERROR_RESPONSES, EmbeddingResponse
+from openai_compat.protocol import ERROR_RESPONSES, EmbeddingResponse, ModelList
 from openai_compat.registry import Capability, ModelEntry
 from openai_compat.routes import (
     body_openapi,
@@ -32,6 +33,7 @@ from openai_compat.routes import (
     ready_registry,
     settings_of,
 )
+from openai_compat.routes.models import model_cards
 
 router = APIRouter(tags=["infinity"])
 
@@ -101,6 +103,28 @@ async def _media(request: Request, modality: Modality) -> Response:
         prompt_tokens=result.tokens,
     )
     return Response(payload, media_type="application/json")
+
+
+@router.get("/models", response_model=ModelList, responses=ERROR_RESPONSES)
+async def infinity_models(request: Request) -> Response:
+    """infinity: GET /models as its server (and generated client) has it: our model cards with
+    infinity's `stats` (queue and batch) and `backend`; `owned_by` is "infinity", the only value
+    infinity's client accepts. /v1/models is unchanged."""
+    settings = settings_of(request)
+    data = []
+    for card, entry in model_cards(ready_registry(request)):
+        queued = adapter.queue_length(entry.engine)
+        limit = settings.max_queued_inputs
+        stats = {
+            "queue_fraction": queued / limit if limit else 0.0,
+            "queue_absolute": queued,
+            "results_pending": entry.queued,
+            "batch_size": entry.config.batch_size,
+        }
+        data.append(
+            {**card, "owned_by": "infinity", "backend": entry.config.engine, "stats": stats}
+        )
+    return orjson_response({"object": "list", "data": data})
 
 
 @router.post(

@@ -32,7 +32,12 @@ class TeiBody(BaseModel):
 
 class TeiEmbedRequest(TeiBody):
     inputs: TeiInputs = Field(description="A string, a list of strings, or token ids.")
-    normalize: StrictBool = Field(True, description="Only true: vectors are L2-normalised.")
+    normalize: StrictBool = Field(
+        True,
+        description="false: the model's own output, as sentence-transformers' "
+        "encode(normalize_embeddings=False) gives it (still unit length where the model "
+        "ends in a Normalize module).",
+    )
     truncate: StrictBool | None = Field(
         None, description="Truncate over-long inputs (default: the model's truncate setting)."
     )

@@ -28,11 +28,13 @@ from openai_compat.errors import BadRequest, set_family
 from openai_compat.inference import (
     check_count,
     check_dimensions,
+    check_raw_output,
     classify_pairs,
     classify_texts,
     embed_fitted,
     embed_texts,
     fit_texts,
+    raw_matrix,
     rerank_texts,
     texts_from_input,
     truncate_for,
@@ -55,10 +57,7 @@ async def tei_embed(request: Request, body: TeiEmbedRequest) -> Response:
     entry = _model(request, "embed")
     settings = settings_of(request)
     if not body.normalize:
-        raise BadRequest(
-            "normalize=false is not supported: this server returns L2-normalised vectors.",
-            param="normalize",
-        )
+        check_raw_output(entry)
     check_dimensions(body.dimensions, entry)
     texts = await texts_from_input(body.inputs, entry, settings, "inputs")
     prompt = entry.prompts.choose(entry.name, prompt_name=body.prompt_name)
@@ -69,6 +68,8 @@ async def tei_embed(request: Request, body: TeiEmbedRequest) -> Response:
             entry, texts, settings, _INPUTS, prompt=prompt, truncate=body.truncate
         )
     note(request, entry.name, len(texts), result.tokens)
+    if not body.normalize:  # the model's own output, cut to `dimensions` and left as it is
+        return orjson_response(list(raw_matrix(result.vectors)[:, : body.dimensions]))
     return orjson_response(list(truncate_dimensions(as_matrix(result.vectors), body.dimensions)))
 
 
