@@ -19,6 +19,7 @@ from openai_compat.errors import BadRequest, ModelOutputError
 from openai_compat.media import IMAGE_META, MediaError, MediaFetcher, Modality
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
+from openai_compat.sparse import check_finite as check_sparse_finite
 from openai_compat.tokens import Names, field_names, input_names, too_long_error
 
 # Token ids beyond this many per request are decoded in a worker thread, off the event loop.
@@ -322,6 +323,7 @@ async def rerank_texts(
 
     A cross-encoder ranks with its own sigmoid scores. A model that can only embed ranks by the
     cosine similarity of query and document embeddings, mapped to [0, 1] as (cos + 1) / 2.
+    A sparse (SPLADE) model ranks by the dot product of the sparse vectors (>= 0, unbounded).
     """
     check_count(len(docs), settings.max_rerank_documents, docs_param, "documents")
     if max_tokens_per_doc is not None:
@@ -337,6 +339,8 @@ async def rerank_texts(
             docs = await entry.counter.truncate_texts(docs, max_tokens_per_doc)
     if entry.cosine_rerank:
         return await _cosine_rerank(entry, query, docs, settings, docs_param)
+    if entry.sparse:
+        return await _sparse_rerank(entry, query, docs, settings, docs_param)
     counter = entry.counter
     with entry.admit(len(docs), settings.max_queued_inputs), engine_errors():
         if counter is None:
@@ -389,10 +393,7 @@ async def _refuse_long_pairs(
 async def _cosine_rerank(
     entry: ModelEntry, query: str, docs: list[str], settings: Settings, docs_param: str
 ) -> RerankResult:
-    def names(i: int) -> tuple[str, str]:
-        return ("query", "query") if i == 0 else (docs_param, f"{docs_param}[{i - 1}]")
-
-    result = await embed_texts(entry, [query, *docs], settings, names)
+    result = await embed_texts(entry, [query, *docs], settings, _rerank_names(docs_param))
     matrix = np.stack(result.vectors).astype(np.float32)
     finite_scores(entry, matrix)
     norms = np.linalg.norm(matrix, axis=1)
@@ -402,6 +403,40 @@ async def _cosine_rerank(
     order = np.lexsort((np.arange(len(docs)), -scores))
     ranked = [RankedDocument(int(i), float(scores[i])) for i in order]
     return RerankResult(ranked, result.tokens)
+
+
+def _rerank_names(docs_param: str) -> Names:
+    def names(i: int) -> tuple[str, str]:
+        return ("query", "query") if i == 0 else (docs_param, f"{docs_param}[{i - 1}]")
+
+    return names
+
+
+async def _sparse_rerank(
+    entry: ModelEntry, query: str, docs: list[str], settings: Settings, docs_param: str
+) -> RerankResult:
+    result = await embed_sparse(entry, [query, *docs], settings, _rerank_names(docs_param))
+    q, *vectors = result.vectors
+    scores = np.asarray([q.dot(v) for v in vectors])
+    finite_scores(entry, scores)
+    order = np.lexsort((np.arange(len(docs)), -scores))
+    return RerankResult([RankedDocument(int(i), float(scores[i])) for i in order], result.tokens)
+
+
+async def embed_sparse(
+    entry: ModelEntry,
+    texts: Sequence[str],
+    settings: Settings,
+    names: Names = input_names,
+    *,
+    prompt: str = "",
+    truncate: bool | None = None,
+) -> EmbedResult:
+    """embed_texts for a sparse model: the same admission, truncation and counting; the
+    vectors are SparseVectors."""
+    result = await embed_texts(entry, texts, settings, names, prompt=prompt, truncate=truncate)
+    check_sparse_finite(result.vectors)
+    return result
 
 
 def finite_scores(entry: ModelEntry, values: Any) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 # ---------------------------------------------------------------- errors
 
@@ -111,14 +111,34 @@ class EmbeddingRequest(BaseModel):
     task: StrictStr | None = Field(
         None, description="Extension: Jina's name for it (retrieval.query, retrieval.passage...)."
     )
+    top_k: StrictInt | None = Field(
+        None, description="Sparse models: keep only the k largest weights of each vector."
+    )
+    min_weight: StrictFloat | StrictInt | None = Field(
+        None, description="Sparse models: keep only weights >= this."
+    )
+    return_tokens: StrictBool | None = Field(
+        None, description="Sparse models: also return each index's vocabulary entry (`tokens`)."
+    )
+
+
+class SparseEmbedding(BaseModel):
+    indices: list[int] | str = Field(
+        description="Vocabulary ids, ascending; base64: little-endian uint32 bytes."
+    )
+    values: list[float] | str = Field(
+        description="Their weights; base64: little-endian float32 bytes."
+    )
+    tokens: list[str] | None = Field(None, description="With return_tokens: the entries.")
 
 
 class Embedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: list[float] | str | list[list[float]] = Field(
+    embedding: list[float] | str | list[list[float]] | SparseEmbedding = Field(
         description="float: a list of floats (a list of vectors for multi-vector models); "
-        "base64: little-endian float32 bytes, rows concatenated for multi-vector models."
+        "base64: little-endian float32 bytes, rows concatenated for multi-vector models; "
+        "sparse models: {indices, values} (Qdrant's and Milvus's sparse vector)."
     )
     shape: list[int] | None = Field(
         None, description="Only for multi-vector models: [vectors, dimensions]."

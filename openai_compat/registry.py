@@ -22,7 +22,7 @@ from openai_compat.tokens import Cl100kDecoder, ModelTokenIdDecoder, TokenCounte
 
 logger = logging.getLogger("openai_compat")
 
-Capability = Literal["embed", "rerank", "classify", "image", "audio"]
+Capability = Literal["embed", "sparse", "rerank", "classify", "image", "audio"]
 
 # infinity-emb's capability names -> ours
 _CAPABILITIES: dict[str, Capability] = {
@@ -53,6 +53,7 @@ class ModelEntry:
     multivector: bool = False  # one vector per token (ColBERT-style), not one per input
     engine_counts: bool = False  # the engine reports each embedding's tokens (no 2nd pass)
     raw_output: bool = False  # vectors keep their pre-normalisation norm (TEI normalize=false)
+    sparse: bool = False  # SPLADE: sparse vectors (sparse.SparseVector), dimensions = vocabulary
     image_tokens: int = 0  # tokens one image is to the model (ViT patches + class token)
     sampling_rate: int | None = None  # what audio inputs must be sampled at
     cosine_rerank: bool = False  # reranks by embedding similarity (no cross-encoder)
@@ -185,7 +186,7 @@ class Registry:
         for capability in _VERB:
             able = [e for e in entries if capability in e.capabilities]
             if capability == "rerank":  # stable sorts: config order otherwise
-                able.sort(key=lambda e: e.cosine_rerank)
+                able.sort(key=lambda e: (e.cosine_rerank, e.sparse))
             elif capability == "embed":
                 able.sort(key=lambda e: e.multivector)
             if able:
@@ -221,6 +222,7 @@ class Registry:
 
 _VERB: dict[str, str] = {
     "embed": "embed text",
+    "sparse": "make sparse vectors",
     "rerank": "rerank documents",
     "classify": "classify text",
     "image": "embed images",
@@ -272,10 +274,17 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
         raise EngineFailure(f"model {config.served_name!r}: invalid engine options: {exc}") from exc
     engine = AsyncEmbeddingEngine.from_args(args)
     replica = adapter.replica_of(engine)
+    sparse = config.kind == "sparse" or (
+        config.kind == "auto" and adapter.is_masked_lm(config.source)
+    )
     try:
+        if sparse and config.engine in backends.BACKENDS:
+            raise ValueError(f"engine = {config.engine!r} cannot serve a sparse model")
         if config.engine in backends.BACKENDS:
             export = backends.prepare_for(config, export_dir or backends.default_export_dir())
             adapter.use_transformer_module(replica, backends.load_module(export))
+        if sparse:
+            adapter.serve_sparse(replica, config.source, config.trust_remote_code)
         adapter.apply_max_length(replica, config.max_length)
     except ValueError as exc:
         raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
@@ -308,7 +317,15 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
     engine_counts = False
     raw_output = False
     quantizer = None
-    if "embed" in caps:
+    sparse_size = adapter.sparse_size(replica)
+    if sparse_size is not None:
+        # A SPLADE model (create_engine): sparse vectors, and rerank by their dot product.
+        caps = (caps - {"embed"}) | {"sparse", "rerank"}
+        dimensions = sparse_size
+        vectors, _ = await engine.embed(["dimension probe"])
+        expected = await counter.usage(["dimension probe"], truncate=True) if counter else None
+        engine_counts = adapter.engine_token_count(vectors) == expected
+    elif "embed" in caps:
         counting = adapter.count_tokens_in_engine(replica)
         vectors, _ = await engine.embed(["dimension probe"])
         # Trust the engine's counts only if they arrive and match the model's tokenizer.
@@ -339,7 +356,8 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         raw_output=raw_output,
         image_tokens=adapter.image_tokens(replica) if "image" in caps else 0,
         sampling_rate=adapter.sampling_rate(replica) if "audio" in caps else None,
-        cosine_rerank="embed" in native and "rerank" in caps,
+        cosine_rerank="embed" in native and "rerank" in caps and sparse_size is None,
+        sparse=sparse_size is not None,
         prompts=prompts,
         quantizer=quantizer,
     )
@@ -395,7 +413,7 @@ async def warm_up(entry: ModelEntry) -> None:
     short = [f"warm-up {i}" for i in range(size)]
     longest = " ".join(["warm"] * (entry.max_length or 512))
     engine = entry.engine
-    if "embed" in entry.capabilities:
+    if "embed" in entry.capabilities or entry.sparse:
         await engine.embed(short)
         await engine.embed([longest])
     elif "rerank" in entry.capabilities:

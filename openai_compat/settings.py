@@ -57,6 +57,11 @@ class ModelConfig(BaseModel):
         description="torch (infinity-emb's default), onnx (ONNX Runtime on CPU, exported once "
         "and cached), or another infinity-emb engine: optimum, debugengine...",
     )
+    kind: Literal["auto", "dense", "sparse"] = Field(
+        "auto",
+        description="sparse: serve SPLADE sparse vectors from a masked-LM model; auto: sparse "
+        "for a local folder whose config.json names a ...ForMaskedLM architecture.",
+    )
     quantize: Literal["int8"] | None = Field(
         None, description="With engine = 'onnx': 'int8' serves a dynamically quantised export."
     )

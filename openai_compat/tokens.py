@@ -354,6 +354,10 @@ class TokenCounter:
             )
         return rows
 
+    def token(self, id: int) -> str:
+        """The vocabulary entry for one id (a sparse vector's index), e.g. '##20'."""
+        return self._plain.id_to_token(id) or f"[{id}]"
+
     def decode(
         self, batches: Sequence[Sequence[int]], *, skip_special_tokens: bool, param: str
     ) -> list[str]:

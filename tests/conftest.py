@@ -69,6 +69,14 @@ def trained_models(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -
 
 
 @pytest.fixture(scope="session")
+def splade_path(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> Path:
+    """A SPLADE-style masked-LM model with meaning, built from the packaged MiniLM."""
+    from tests.fixtures.tiny_splade import build_splade
+
+    return build_splade(minilm_path, tmp_path_factory.mktemp("splade") / "model")
+
+
+@pytest.fixture(scope="session")
 def tiny_media_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny CLIP (text + image) and CLAP (text + audio), random weights, built offline."""
     from tests.fixtures.tiny_media import build_clap, build_clip

@@ -2,8 +2,9 @@
 
 `python -m tests.slow_engine serve ...` runs the real CLI after two patches, both read from
 the environment:
-- OPENAI_COMPAT_TEST_BATCH_SECONDS: infinity-emb's model-free debug engine sleeps this long
-  per batch (so "a request that takes 20 s" is 20 batches, on any hardware);
+- OPENAI_COMPAT_TEST_BATCH_SECONDS: infinity-emb's model-free debug engine, and every sparse
+  (SPLADE) model, sleeps this long per batch (so "a request that takes 20 s" is 20 batches,
+  on any hardware);
 - OPENAI_COMPAT_TEST_LOAD_SECONDS: every model load sleeps this long first (a slow start).
 """
 
@@ -34,6 +35,22 @@ def install() -> None:
         return from_args(cls, *args, **kwargs)
 
     AsyncEmbeddingEngine.from_args = classmethod(slow_from_args)  # type: ignore[method-assign,assignment]
+
+    from openai_compat.engine import adapter
+
+    serve_sparse = adapter.serve_sparse
+
+    def slow_serve_sparse(replica: Any, *args: Any, **kwargs: Any) -> None:
+        serve_sparse(replica, *args, **kwargs)
+        core = replica.encode_core
+
+        def slow_core(features: Any) -> Any:
+            time.sleep(batch)
+            return core(features)
+
+        replica.encode_core = slow_core
+
+    adapter.serve_sparse = slow_serve_sparse  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

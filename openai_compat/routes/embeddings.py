@@ -7,16 +7,18 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_compat.api.infinity.protocol import UNNAMED
-from openai_compat.encoding import embedding_payload
+from openai_compat.encoding import embedding_payload, orjson_response
 from openai_compat.errors import BadRequest
 from openai_compat.inference import (
     EmbedResult,
     check_dimensions,
     embed_media,
+    embed_sparse,
     embed_texts,
     texts_from_input,
 )
 from openai_compat.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingResponse
+from openai_compat.registry import ModelEntry
 from openai_compat.routes import (
     body_openapi,
     media_of,
@@ -25,6 +27,7 @@ from openai_compat.routes import (
     ready_registry,
     settings_of,
 )
+from openai_compat.sparse import check_options, embedding_object
 
 router = APIRouter(tags=["embeddings"])
 
@@ -49,6 +52,17 @@ async def create_embeddings(request: Request) -> Response:
             dimensions = None
         if body.model == UNNAMED:
             body.model = registry.default(capability).name
+    named = registry.resolve(body.model)
+    if named.sparse and modality == "text":
+        return await _sparse(request, body, named, dimensions)
+    if body.top_k is not None or body.min_weight is not None or body.return_tokens:
+        param = "top_k" if body.top_k is not None else "min_weight"
+        param = "return_tokens" if body.return_tokens else param
+        raise BadRequest(
+            f"'{param}' applies to sparse models only; {body.model!r} is not one.",
+            param=param,
+            code="unsupported_parameter",
+        )
     entry = registry.require(body.model, capability)
     check_dimensions(dimensions, entry)
     result: EmbedResult
@@ -75,3 +89,32 @@ async def create_embeddings(request: Request) -> Response:
         prompt_tokens=result.tokens,
     )
     return Response(payload, media_type="application/json")
+
+
+async def _sparse(
+    request: Request, body: EmbeddingRequest, entry: ModelEntry, dimensions: int | None
+) -> Response:
+    """A sparse (SPLADE) model: per input {"indices", "values"} (see sparse.py)."""
+    settings = settings_of(request)
+    if dimensions is not None:
+        raise BadRequest(
+            f"'dimensions' does not apply to sparse model {entry.name!r}; use top_k to keep "
+            "fewer weights.",
+            param="dimensions",
+            code="unsupported_parameter",
+        )
+    check_options(body.top_k, body.min_weight)
+    prompt = entry.prompts.choose(
+        entry.name, input_type=body.input_type, prompt_name=body.prompt_name, task=body.task
+    )
+    texts = await texts_from_input(body.input, entry, settings)
+    result = await embed_sparse(entry, texts, settings, prompt=prompt)
+    note(request, entry.name, len(result.vectors), result.tokens)
+    token_of = entry.tokenizer("return_tokens").token if body.return_tokens else None
+    fmt = body.encoding_format or "float"
+    data = [
+        embedding_object(v.select(body.top_k, body.min_weight), i, fmt=fmt, token_of=token_of)
+        for i, v in enumerate(result.vectors)
+    ]
+    usage = {"prompt_tokens": result.tokens, "total_tokens": result.tokens}
+    return orjson_response({"object": "list", "data": data, "model": body.model, "usage": usage})

@@ -48,6 +48,17 @@ class TeiEmbedRequest(TeiBody):
     dimensions: StrictInt | None = Field(None, description="Cut + L2-normalise to N values.")
 
 
+class TeiEmbedSparseRequest(TeiBody):
+    inputs: TeiInputs = Field(description="A string, a list of strings, or token ids.")
+    truncate: StrictBool | None = Field(
+        None, description="Truncate over-long inputs (default: the model's truncate setting)."
+    )
+    truncation_direction: Direction = Field(
+        "Right", description="Right drops the end of an over-long input, Left its beginning."
+    )
+    prompt_name: StrictStr | None = Field(None, description="One of the model's prompts.")
+
+
 class TeiRerankRequest(TeiBody):
     query: StrictStr
     texts: list[StrictStr]

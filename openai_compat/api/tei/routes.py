@@ -19,6 +19,7 @@ from openai_compat.api.tei.protocol import (
     TEI_ERROR_RESPONSES,
     TeiDecodeRequest,
     TeiEmbedRequest,
+    TeiEmbedSparseRequest,
     TeiPredictRequest,
     TeiRerankRequest,
     TeiTokenizeRequest,
@@ -41,6 +42,7 @@ from openai_compat.inference import (
 )
 from openai_compat.registry import Capability, ModelEntry
 from openai_compat.routes import body_openapi, note, read_body, ready_registry, settings_of
+from openai_compat.sparse import check_finite as check_sparse_finite
 from openai_compat.tokens import field_names
 
 router = APIRouter(tags=["tei"])
@@ -73,11 +75,50 @@ async def tei_embed(request: Request, body: TeiEmbedRequest) -> Response:
     return orjson_response(list(truncate_dimensions(as_matrix(result.vectors), body.dimensions)))
 
 
+@router.post(
+    "/embed_sparse",
+    responses=TEI_ERROR_RESPONSES,
+    openapi_extra=body_openapi(TeiEmbedSparseRequest),
+)
+async def embed_sparse(request: Request) -> Response:
+    """TEI: SPLADE sparse vectors, each as [{"index", "value"}] (non-zero weights, ascending
+    index), from the default sparse model."""
+    entry = _model(request, "sparse")
+    return await _embed_sparse(request, entry, await read_body(request, TeiEmbedSparseRequest))
+
+
+async def _embed_sparse(
+    request: Request, entry: ModelEntry, body: TeiEmbedSparseRequest
+) -> Response:
+    settings = settings_of(request)
+    texts = await texts_from_input(body.inputs, entry, settings, "inputs")
+    prompt = entry.prompts.choose(entry.name, prompt_name=body.prompt_name)
+    if body.truncation_direction.lower() == "left" and body.truncate is not False:
+        result = await embed_fitted(entry, texts, settings, _INPUTS, prompt=prompt, keep="end")
+    else:
+        result = await embed_texts(
+            entry, texts, settings, _INPUTS, prompt=prompt, truncate=body.truncate
+        )
+    check_sparse_finite(result.vectors)
+    note(request, entry.name, len(texts), result.tokens)
+    return orjson_response(
+        [
+            [
+                {"index": i, "value": v}
+                for i, v in zip(vec.indices.tolist(), vec.values.tolist(), strict=True)
+            ]
+            for vec in result.vectors
+        ]
+    )
+
+
 def raw_score(entry: ModelEntry, score: float) -> float:
     """A rerank score back to the model's own scale: the logit for a cross-encoder (whose
     score is its sigmoid), the cosine for an embedding model (score = (cos + 1) / 2)."""
     if entry.cosine_rerank:
         return 2.0 * score - 1.0
+    if entry.sparse:  # the dot product itself
+        return score
     score = min(max(score, 1e-12), 1 - 1e-12)
     return math.log(score / (1.0 - score))
 
@@ -221,6 +262,8 @@ async def root(request: Request) -> Response:
     set_family(request, "tei")
     registry = ready_registry(request)
     first = registry.entries()[0]
+    if first.sparse:
+        return await _embed_sparse(request, first, await read_body(request, TeiEmbedSparseRequest))
     if "embed" in first.capabilities and not first.multivector:
         return await tei_embed(request, await read_body(request, TeiEmbedRequest))
     if "rerank" in first.capabilities:
