@@ -34,6 +34,7 @@ from openai_compat.routes import (
     health,
     metrics_route,
     models,
+    playground,
     rerank,
     tutorial,
 )
@@ -116,6 +117,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     # configured with a bare base URL; the tutorial's /classify also takes /v1/classify's body.
     mounted = [
         (health.router, "", True),
+        (playground.router, "", False),
         (metrics_route.router, "", True),
         (rerank.router, "", True),
         (cohere_embed.router, "", True),

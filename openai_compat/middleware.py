@@ -43,6 +43,9 @@ access_logger = logging.getLogger("openai_compat.access")
 # Probes stay answerable while draining, need no key and are not counted as work.
 PROBE_PATHS = frozenset({"/health", "/ready"})
 DOC_PATHS = frozenset({"/metrics", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"})
+# The playground's static page and assets, and GET / that links to it: they hold no data (the
+# page asks for the key and sends it with its API calls), so a browser can always load them.
+PAGE_PATHS = frozenset({"/", "/playground", "/playground/app.js", "/playground/app.css"})
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 
 
@@ -159,7 +162,13 @@ class GatewayMiddleware:
             self._record(scope, path, status, start)
 
     def _refuse(self, scope: Scope, path: str) -> tuple[str, APIError] | None:
-        if self.keys and path not in self.open_paths and not self._authorized(scope):
+        open_page = path in PAGE_PATHS and scope["method"] in ("GET", "HEAD")
+        if (
+            self.keys
+            and path not in self.open_paths
+            and not open_page
+            and not self._authorized(scope)
+        ):
             return "unauthorized", Unauthorized(
                 "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
                 headers={"WWW-Authenticate": "Bearer"},

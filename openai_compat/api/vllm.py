@@ -20,6 +20,7 @@ class VllmTokenizeRequest(BaseModel):
     prompt: StrictStr
     model: StrictStr | None = None
     add_special_tokens: StrictBool = True
+    return_token_strs: StrictBool = False
 
 
 class VllmDetokenizeRequest(BaseModel):
@@ -35,7 +36,10 @@ async def vllm_tokenize(request: Request, body: VllmTokenizeRequest) -> Response
         [body.prompt], add_special_tokens=body.add_special_tokens
     )
     ids = [i for i, _, _, _ in row]
-    return orjson_response({"tokens": ids, "count": len(ids), "max_model_len": entry.max_length})
+    out: dict[str, object] = {"tokens": ids, "count": len(ids), "max_model_len": entry.max_length}
+    if body.return_token_strs:  # as vLLM: the tokenizer's strings for the ids ("##ing", "[CLS]")
+        out["token_strs"] = [token for _, token, _, _ in row]
+    return orjson_response(out)
 
 
 @router.post(
