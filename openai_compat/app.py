@@ -20,6 +20,8 @@ from openai_compat.api.cohere import embed as cohere_embed
 from openai_compat.api.cohere.protocol import EmbedRequestV1, EmbedRequestV2
 from openai_compat.api.infinity import routes as infinity_routes
 from openai_compat.api.tei import routes as tei_routes
+from openai_compat.batch import routes as batch_routes
+from openai_compat.batch.service import BatchService
 from openai_compat.bodies import BodyParser
 from openai_compat.errors import install_error_handlers
 from openai_compat.lifecycle import Lifecycle, in_daemon_thread
@@ -76,6 +78,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         max_audio_seconds=settings.max_audio_seconds,
     )
 
+    batches = BatchService(settings, lifecycle)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loader = None
@@ -84,10 +88,12 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
             lifecycle.ready()
         else:
             loader = asyncio.create_task(_load(registry, lifecycle, settings), name="load-models")
+        batches.start(app)
         try:
             yield
         finally:
             lifecycle.drain()
+            await batches.stop()
             if loader is not None and not loader.done():
                 loader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -108,6 +114,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.state.lifecycle = lifecycle
     app.state.media = media
     app.state.bodies = bodies
+    app.state.batches = batches
     metrics = Metrics(registry)
     app.state.metrics = metrics
     install_error_handlers(app)
@@ -124,6 +131,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         (models.router, "/v1", True),
         (embeddings.router, "/v1", True),
         (classify.router, "/v1", True),
+        (batch_routes.router, "/v1", True),
+        (batch_routes.router, "", False),
         (infinity_routes.router, "", True),  # before the bare /models: infinity's shape
         (models.router, "", False),
         (embeddings.router, "", False),

@@ -45,6 +45,7 @@ PROBE_PATHS = frozenset({"/health", "/ready"})
 DOC_PATHS = frozenset({"/metrics", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"})
 # The playground's static page and assets, and GET / that links to it: they hold no data (the
 # page asks for the key and sends it with its API calls), so a browser can always load them.
+UPLOAD_PATHS = frozenset({"/v1/files", "/files"})
 PAGE_PATHS = frozenset({"/", "/playground", "/playground/app.js", "/playground/app.css"})
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 
@@ -92,6 +93,8 @@ class GatewayMiddleware:
         protect = settings.protect_docs_and_metrics
         self.open_paths = PROBE_PATHS if protect else PROBE_PATHS | DOC_PATHS
         self.max_body = settings.max_body_bytes
+        # File uploads have their own cap (the file, plus room for the multipart framing).
+        self.max_upload = settings.batch_max_file_bytes + 1024 * 1024
         self.access_log = settings.access_log
 
     def _authorized(self, scope: Scope) -> bool:
@@ -138,7 +141,7 @@ class GatewayMiddleware:
             self.lifecycle.inflight += 1
             self.metrics.in_flight.inc()
         try:
-            await self.app(scope, self._limited(receive), send_with_id)
+            await self.app(scope, self._limited(receive, self._cap(path)), send_with_id)
         except PayloadTooLarge as exc:  # a chunked body outgrew the limit mid-stream
             self.metrics.rejected.labels("too_large").inc()
             await api_error_response(exc, family_of(path))(scope, receive, send_with_id)
@@ -174,8 +177,8 @@ class GatewayMiddleware:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         length = _header(scope, b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            return "too_large", self._too_large()
+        if length is not None and length.isdigit() and int(length) > self._cap(path):
+            return "too_large", self._too_large(self._cap(path))
         if self.lifecycle.phase == "draining" and path not in PROBE_PATHS:
             return "draining", ServiceUnavailable(
                 self.lifecycle.unavailable_message(),
@@ -184,10 +187,13 @@ class GatewayMiddleware:
             )
         return None
 
-    def _too_large(self) -> PayloadTooLarge:
-        return PayloadTooLarge(f"The request body is larger than {self.max_body} bytes.")
+    def _too_large(self, cap: int | None = None) -> PayloadTooLarge:
+        return PayloadTooLarge(f"The request body is larger than {cap or self.max_body} bytes.")
 
-    def _limited(self, receive: Receive) -> Receive:
+    def _cap(self, path: str) -> int:
+        return self.max_upload if path in UPLOAD_PATHS else self.max_body
+
+    def _limited(self, receive: Receive, cap: int) -> Receive:
         seen = 0
 
         async def wrapped() -> Message:
@@ -195,8 +201,8 @@ class GatewayMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_body:
-                    raise self._too_large()
+                if seen > cap:
+                    raise self._too_large(cap)
             return message
 
         return wrapped

@@ -252,7 +252,25 @@ class Settings(BaseModel):
         None,
         "Where ONNX exports of models are cached (default: $HF_HOME/openai-compat-exports).",
     )
+    data_dir: Path | None = _opt(
+        None,
+        "Where the Files and Batch APIs keep their state: batch.sqlite3 (jobs, files) and the "
+        "files themselves (default: $XDG_DATA_HOME/openai-compat, else "
+        "~/.local/share/openai-compat).",
+    )
+    batch_max_requests: int = _opt(
+        50_000, "Most request lines in one batch input file (OpenAI's limit).", ge=1
+    )
+    batch_max_file_bytes: int = _opt(
+        200 * 1024 * 1024, "Largest file POST /v1/files takes, in bytes (OpenAI's limit).", ge=1
+    )
     models: tuple[ModelConfig, ...] = _opt((), "Models from the config file.", cli=False)
+
+    def data(self) -> Path:
+        if self.data_dir is not None:
+            return self.data_dir
+        base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        return Path(base) / "openai-compat"
 
     def exports(self) -> Path:
         from openai_compat.engine.backends import default_export_dir

@@ -1,0 +1,312 @@
+"""Runs batch jobs: each input line is a request to one of this server's own routes.
+
+A line is sent through the app itself (in process, over ASGI), so it gets exactly the
+validation, errors, limits and response body a live request gets. Lines go in chunks, in
+input order; each chunk's results are appended to the output and error files, fsynced, then
+committed with the job's progress (store.py), so a restart resumes exactly where the last
+commit left off.
+
+Online traffic first: before each chunk the runner waits (up to MAX_YIELD seconds) until no
+live request is in flight, and a chunk is small (CHUNK lines), so a live request waits for
+at most one chunk's engine batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from openai_compat.batch.store import OPEN_STATUSES, Progress, Store, new_id
+
+logger = logging.getLogger("openai_compat.batch")
+
+ENDPOINTS = ("/v1/embeddings", "/v1/rerank", "/v2/rerank", "/v1/classify")
+CHUNK = 16
+MAX_YIELD = 1.0  # seconds a chunk waits for live traffic to pause before it goes anyway
+RETRY_STATUSES = (429, 503)  # overloaded or draining: the line is tried again, not failed
+
+# (status, body bytes, request id) for a POST of `body` to `url`
+Dispatch = Callable[[str, bytes], Awaitable[tuple[int, bytes, str]]]
+
+
+class Retry(Exception):
+    """A line the server could not take now (429/503): the chunk is tried again later."""
+
+
+@dataclass
+class LineResult:
+    ok: bool
+    record: dict[str, Any]
+
+
+@dataclass
+class Gate:
+    """Live requests first: `live()` says how many non-batch requests are in flight."""
+
+    live: Callable[[], int] = lambda: 0
+    stopping: Callable[[], bool] = lambda: False
+    own: int = field(default=0)
+
+    async def wait(self) -> None:
+        deadline = time.monotonic() + MAX_YIELD
+        # a counter, not an event: polled every 5 ms, for at most MAX_YIELD
+        while self.live() > 0 and time.monotonic() < deadline and not self.stopping():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+
+
+def scan(path: Path, limit: int) -> tuple[int, frozenset[int]]:
+    """Non-blank lines of an input file, and the line numbers (0-based, blank lines not
+    counted) whose custom_id an earlier line already used. Stops counting past `limit`."""
+    seen: set[str] = set()
+    duplicates: set[int] = set()
+    n = 0
+    with path.open("rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            try:
+                custom_id = json.loads(raw).get("custom_id")
+            except (ValueError, AttributeError):
+                custom_id = None
+            if isinstance(custom_id, str):
+                if custom_id in seen:
+                    duplicates.add(n)
+                seen.add(custom_id)
+            n += 1
+            if n > limit:
+                break
+    return n, frozenset(duplicates)
+
+
+def _error(custom_id: Any, code: str, message: str) -> LineResult:
+    return LineResult(
+        False,
+        {
+            "id": new_id("batch_req_"),
+            "custom_id": custom_id if isinstance(custom_id, str) else None,
+            "response": None,
+            "error": {"code": code, "message": message},
+        },
+    )
+
+
+async def run_line(raw: bytes, endpoint: str, duplicate: bool, dispatch: Dispatch) -> LineResult:
+    """One input line -> its output or error record (OpenAI's batch line format)."""
+    try:
+        line = json.loads(raw)
+    except ValueError as exc:
+        return _error(None, "invalid_json", f"The line is not valid JSON: {exc}.")
+    if not isinstance(line, dict):
+        return _error(None, "invalid_request", "A line must be a JSON object.")
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return _error(None, "missing_custom_id", "Each line needs a string 'custom_id'.")
+    if duplicate:
+        return _error(custom_id, "duplicate_custom_id", f"custom_id {custom_id!r} was used before.")
+    if line.get("method") != "POST":
+        return _error(custom_id, "invalid_method", "'method' must be 'POST'.")
+    if line.get("url") != endpoint:
+        return _error(
+            custom_id,
+            "invalid_url",
+            f"'url' must be the batch's endpoint {endpoint!r}, got {line.get('url')!r}.",
+        )
+    body = line.get("body")
+    if not isinstance(body, dict):
+        return _error(custom_id, "invalid_body", "'body' must be a JSON object.")
+    status, content, request_id = await dispatch(endpoint, json.dumps(body).encode())
+    if status in RETRY_STATUSES:
+        raise Retry(status)
+    try:
+        parsed = json.loads(content)
+    except ValueError:
+        parsed = content.decode(errors="replace")
+    record = {
+        "id": new_id("batch_req_"),
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": request_id, "body": parsed},
+        "error": None,
+    }
+    return LineResult(200 <= status < 300, record)
+
+
+def _read_chunk(f: BinaryIO, n: int) -> tuple[list[bytes], int]:
+    """Up to n non-blank lines from f's position; and the offset after the last one read."""
+    lines: list[bytes] = []
+    while len(lines) < n:
+        raw = f.readline()
+        if not raw:
+            break
+        if raw.strip():
+            lines.append(raw)
+    return lines, f.tell()
+
+
+class Runner:
+    def __init__(
+        self, store: Callable[[], Store], dispatch: Dispatch, gate: Gate, max_requests: int
+    ) -> None:
+        self._store = store  # opened on first use (an app that never runs a batch opens none)
+        self.dispatch = dispatch
+        self.gate = gate
+        self.max_requests = max_requests
+        self.wake = asyncio.Event()
+
+    @property
+    def store(self) -> Store:
+        return self._store()
+
+    async def serve(self) -> None:
+        """Run open batches, oldest first, for as long as the server lives."""
+        while not self.gate.stopping():
+            for obj in self.store.open_batches():
+                if self.gate.stopping():
+                    return
+                try:
+                    await self.run(obj["id"])
+                except Exception:  # one broken job must not stop the others
+                    logger.exception("batch %s failed", obj["id"])
+                    self._fail(obj["id"], "server_error", "The batch failed on the server.")
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+
+    def _fail(self, batch_id: str, code: str, message: str) -> None:
+        obj = self.store.batch(batch_id)
+        if obj is None or obj["status"] not in OPEN_STATUSES:
+            return
+        obj["status"], obj["failed_at"] = "failed", int(time.time())
+        obj["errors"] = {"object": "list", "data": [{"code": code, "message": message}]}
+        self.store.save(obj)
+
+    async def run(self, batch_id: str) -> None:
+        """Take one batch as far as it goes: to a final status, or until the server stops."""
+        obj = self.store.batch(batch_id)
+        if obj is None:
+            return
+        input_path = self.store.file_path(obj["input_file_id"])
+        if obj["status"] == "validating":
+            if input_path is None or not input_path.exists():
+                return self._fail(batch_id, "file_not_found", "The input file was deleted.")
+            total, duplicates = await asyncio.to_thread(scan, input_path, self.max_requests)
+            if total > self.max_requests:
+                return self._fail(
+                    batch_id,
+                    "too_many_requests",
+                    f"The input file has more than {self.max_requests} requests.",
+                )
+            obj["status"], obj["in_progress_at"] = "in_progress", int(time.time())
+            obj["request_counts"]["total"] = total
+            self.store.save(obj, Progress(duplicates=duplicates))
+            obj = self.store.batch(batch_id) or obj
+        if obj["status"] in ("in_progress", "cancelling") and input_path is not None:
+            finished = await self._lines(obj, input_path)
+            if not finished:
+                return  # the server is stopping: resumed from the last commit next time
+            obj = self.store.batch(batch_id) or obj
+        if obj["status"] in ("in_progress", "cancelling", "finalizing"):
+            self._finalize(obj)
+
+    async def _lines(self, obj: dict[str, Any], input_path: Path) -> bool:
+        batch_id = obj["id"]
+        progress = self.store.progress(batch_id)
+        folder = self.store.batch_dir(batch_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        out_path, err_path = folder / "output.jsonl", folder / "errors.jsonl"
+        for path, size in ((out_path, progress.output_bytes), (err_path, progress.error_bytes)):
+            with path.open("ab") as f:
+                f.truncate(size)  # anything written after the last commit is done again
+        counts = obj["request_counts"]
+        with input_path.open("rb") as inp, out_path.open("ab") as out, err_path.open("ab") as err:
+            inp.seek(progress.input_offset)
+            while True:
+                status = self.store.status(batch_id)
+                if status == "cancelling":
+                    obj["status"] = "cancelling"
+                    return True
+                if time.time() > obj["expires_at"]:
+                    return True  # _finalize closes it as expired, with what was done
+                if self.gate.stopping():
+                    return False
+                lines, offset = _read_chunk(inp, CHUNK)
+                if not lines:
+                    return True
+                await self.gate.wait()
+                first = progress.lines_read
+                try:
+                    results = await asyncio.gather(
+                        *(
+                            run_line(
+                                raw,
+                                obj["endpoint"],
+                                first + i in progress.duplicates,
+                                self.dispatch,
+                            )
+                            for i, raw in enumerate(lines)
+                        )
+                    )
+                except Retry:
+                    inp.seek(progress.input_offset)  # nothing written: the chunk again, later
+                    await asyncio.sleep(0.2)
+                    continue
+                for r in results:
+                    target = out if r.ok else err
+                    target.write(json.dumps(r.record, separators=(",", ":")).encode() + b"\n")
+                    counts["completed" if r.ok else "failed"] += 1
+                out.flush()
+                err.flush()
+                await asyncio.to_thread(_fsync_both, out, err)
+                progress = Progress(
+                    offset, first + len(lines), out.tell(), err.tell(), progress.duplicates
+                )
+                self.store.save(obj, progress)
+                obj["status"] = self.store.status(batch_id) or obj["status"]
+
+    def _finalize(self, obj: dict[str, Any]) -> None:
+        """Register the output and error files and close the batch. Idempotent: the files'
+        ids come from the batch's, so a crash in here is simply done again."""
+        batch_id = obj["id"]
+        now = int(time.time())
+        cancelled = obj["status"] == "cancelling" or self.store.status(batch_id) == "cancelling"
+        expired = not cancelled and now > obj["expires_at"]
+        obj["finalizing_at"] = obj.get("finalizing_at") or now
+        folder = self.store.batch_dir(batch_id)
+        suffix = batch_id.removeprefix("batch_")
+        out, err = folder / "output.jsonl", folder / "errors.jsonl"
+        out.touch()
+        err.touch()
+        obj["output_file_id"] = self.store.add_file(
+            out,
+            purpose="batch_output",
+            filename=f"{batch_id}_output.jsonl",
+            file_id=f"file-{suffix}o",
+            move=False,
+        )["id"]
+        if err.stat().st_size > 0:
+            obj["error_file_id"] = self.store.add_file(
+                err,
+                purpose="batch_output",
+                filename=f"{batch_id}_error.jsonl",
+                file_id=f"file-{suffix}e",
+                move=False,
+            )["id"]
+        if cancelled:
+            obj["status"], obj["cancelled_at"] = "cancelled", now
+        elif expired:
+            obj["status"], obj["expired_at"] = "expired", now
+        else:
+            obj["status"], obj["completed_at"] = "completed", now
+        self.store.save(obj)
+
+
+def _fsync_both(*files: BinaryIO) -> None:
+    for f in files:
+        os.fsync(f.fileno())

@@ -1,0 +1,123 @@
+"""The Files and Batch APIs' state and worker, as the app holds them (app.state.batches)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import httpx
+
+from openai_compat.batch.runner import Gate, Runner
+from openai_compat.batch.store import Store, new_id
+from openai_compat.lifecycle import Lifecycle
+from openai_compat.settings import Settings
+
+# Lines wait this long at most for their response (a line is one API request).
+LINE_TIMEOUT = 600.0
+
+
+class BatchService:
+    def __init__(self, settings: Settings, lifecycle: Lifecycle) -> None:
+        self.settings = settings
+        self.lifecycle = lifecycle
+        self._store: Store | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.inflight = 0  # batch lines being served (they count in lifecycle.inflight too)
+        self.runner = Runner(
+            self._lazy_store,
+            self._dispatch,
+            Gate(live=self._live, stopping=self._stopping),
+            settings.batch_max_requests,
+        )
+
+    def _lazy_store(self) -> Store:
+        if self._store is None:
+            self._store = Store(self.settings.data())
+        return self._store
+
+    @property
+    def store(self) -> Store:
+        return self._lazy_store()
+
+    def _live(self) -> int:
+        return max(0, self.lifecycle.inflight - self.inflight)
+
+    def _stopping(self) -> bool:
+        return self.lifecycle.phase in ("draining", "failed")
+
+    def start(self, app: Any) -> None:
+        """Serve open batches (resuming any a previous process left) once models are ready."""
+        headers = {}
+        if self.settings.api_key:
+            headers["Authorization"] = f"Bearer {self.settings.api_key[0]}"
+        self._client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://batch.internal",
+            headers=headers,
+            timeout=LINE_TIMEOUT,
+        )
+        self._task = asyncio.create_task(self._serve(), name="batch-runner")
+
+    async def _serve(self) -> None:
+        while self.lifecycle.phase == "loading":  # noqa: ASYNC110 (a phase, not an event)
+            await asyncio.sleep(0.1)
+        if self.lifecycle.phase == "ready":
+            await self.runner.serve()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._client is not None:
+            await self._client.aclose()
+        if self._store is not None:
+            self._store.close()
+
+    async def _dispatch(self, url: str, body: bytes) -> tuple[int, bytes, str]:
+        assert self._client is not None
+        self.inflight += 1
+        try:
+            resp = await self._client.post(
+                url, content=body, headers={"Content-Type": "application/json"}
+            )
+        finally:
+            self.inflight -= 1
+        return resp.status_code, resp.content, resp.headers.get("x-request-id", "")
+
+    def new_batch(
+        self,
+        *,
+        input_file_id: str,
+        endpoint: str,
+        completion_window: str,
+        metadata: dict[str, str] | None,
+        now: int,
+    ) -> dict[str, Any]:
+        obj: dict[str, Any] = {
+            "id": new_id("batch_"),
+            "object": "batch",
+            "endpoint": endpoint,
+            "errors": None,
+            "input_file_id": input_file_id,
+            "completion_window": completion_window,
+            "status": "validating",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": now,
+            "in_progress_at": None,
+            "expires_at": now + 24 * 3600,
+            "finalizing_at": None,
+            "completed_at": None,
+            "failed_at": None,
+            "expired_at": None,
+            "cancelling_at": None,
+            "cancelled_at": None,
+            "request_counts": {"total": 0, "completed": 0, "failed": 0},
+            "metadata": metadata,
+        }
+        self.store.add_batch(obj)
+        self.runner.wake.set()
+        return obj

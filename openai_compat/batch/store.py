@@ -1,0 +1,284 @@
+"""State of the Files and Batch APIs: one SQLite database and a folder of files.
+
+    DATA_DIR/batch.sqlite3          files and batches (WAL, synchronous=FULL)
+    DATA_DIR/files/<file id>        uploaded files
+    DATA_DIR/batches/<batch id>/    output.jsonl and errors.jsonl, appended as the job runs
+
+A batch's progress (the input offset reached, and the sizes its output and error files had
+then) is committed in the same transaction as its request counts, after the lines are on
+disk (fsync). A restart truncates both files back to the committed sizes and goes on from the
+committed input offset: no output line is lost or written twice, even after `kill -9`.
+
+Back up DATA_DIR with the server stopped (or use `sqlite3 batch.sqlite3 ".backup FILE"` for the
+database and copy the folders after it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+OPEN_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    purpose TEXT NOT NULL,
+    filename TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    path TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS batches (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    status TEXT NOT NULL,
+    obj TEXT NOT NULL,
+    input_offset INTEGER NOT NULL DEFAULT 0,
+    lines_read INTEGER NOT NULL DEFAULT 0,
+    output_bytes INTEGER NOT NULL DEFAULT 0,
+    error_bytes INTEGER NOT NULL DEFAULT 0,
+    duplicates TEXT NOT NULL DEFAULT '[]'
+);
+"""
+
+
+@dataclass
+class Progress:
+    """How far a batch got, as last committed."""
+
+    input_offset: int = 0  # bytes of the input file done
+    lines_read: int = 0  # non-blank lines done
+    output_bytes: int = 0
+    error_bytes: int = 0
+    duplicates: frozenset[int] = frozenset()  # line numbers whose custom_id came before
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+class Store:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "files").mkdir(parents=True, exist_ok=True)
+        (root / "batches").mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(root / "batch.sqlite3", check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, self._db:
+            yield self._db
+
+    # ------------------------------------------------------------ files
+
+    def add_file(
+        self,
+        source: Path,
+        *,
+        purpose: str,
+        filename: str,
+        file_id: str | None = None,
+        move: bool = True,
+    ) -> dict[str, Any]:
+        """Register a file: an upload (moved into files/) or a batch's own output (left where
+        it is). `file_id` makes registering idempotent (INSERT OR IGNORE)."""
+        file_id = file_id or new_id("file-")
+        path = source
+        if move:
+            path = self.root / "files" / file_id
+            shutil.move(str(source), path)
+        size = path.stat().st_size
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO files (id, purpose, filename, bytes, created_at, path) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (file_id, purpose, filename, size, int(time.time()), str(path)),
+            )
+        found = self.file(file_id)
+        assert found is not None
+        return found
+
+    def file(self, file_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM files WHERE id = ?", (file_id,)).fetchone()
+        return _file_object(row) if row else None
+
+    def file_path(self, file_id: str) -> Path | None:
+        with self._lock:
+            row = self._db.execute("SELECT path FROM files WHERE id = ?", (file_id,)).fetchone()
+        return Path(row["path"]) if row else None
+
+    def files(
+        self, *, purpose: str | None, after: str | None, limit: int, order: str
+    ) -> tuple[list[dict[str, Any]], bool]:
+        return self._page("files", after, limit, order, ("purpose", purpose), _file_object)
+
+    def delete_file(self, file_id: str) -> bool:
+        path = self.file_path(file_id)
+        if path is None:
+            return False
+        with self._tx() as db:
+            db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+        if path.parent == self.root / "files":
+            path.unlink(missing_ok=True)
+        return True
+
+    def file_in_use(self, file_id: str) -> str | None:
+        """The open batch reading this file, if any."""
+        for batch in self.open_batches():
+            if batch["input_file_id"] == file_id:
+                return str(batch["id"])
+        return None
+
+    # ------------------------------------------------------------ batches
+
+    def batch_dir(self, batch_id: str) -> Path:
+        return self.root / "batches" / batch_id
+
+    def add_batch(self, obj: dict[str, Any]) -> None:
+        self.batch_dir(obj["id"]).mkdir(parents=True, exist_ok=True)
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO batches (id, status, obj) VALUES (?, ?, ?)",
+                (obj["id"], obj["status"], json.dumps(obj)),
+            )
+
+    def batch(self, batch_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT obj FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        return json.loads(row["obj"]) if row else None
+
+    def batches(self, *, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
+        return self._page("batches", after, limit, "desc", None, lambda r: json.loads(r["obj"]))
+
+    def open_batches(self) -> list[dict[str, Any]]:
+        marks = ",".join("?" * len(OPEN_STATUSES))
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT obj FROM batches WHERE status IN ({marks}) ORDER BY seq", OPEN_STATUSES
+            ).fetchall()
+        return [json.loads(r["obj"]) for r in rows]
+
+    def progress(self, batch_id: str) -> Progress:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        return Progress(
+            row["input_offset"],
+            row["lines_read"],
+            row["output_bytes"],
+            row["error_bytes"],
+            frozenset(json.loads(row["duplicates"])),
+        )
+
+    def save(self, obj: dict[str, Any], progress: Progress | None = None) -> None:
+        """Write the runner's copy of a batch (and its progress). A cancel that came in since
+        the runner read it wins: the status stays cancelling (obj is updated to match)."""
+        with self._tx() as db:
+            row = db.execute("SELECT obj FROM batches WHERE id = ?", (obj["id"],)).fetchone()
+            stored = json.loads(row["obj"])
+            if stored["status"] == "cancelling" and obj["status"] == "in_progress":
+                obj["status"], obj["cancelling_at"] = "cancelling", stored["cancelling_at"]
+            db.execute(
+                "UPDATE batches SET status = ?, obj = ? WHERE id = ?",
+                (obj["status"], json.dumps(obj), obj["id"]),
+            )
+            if progress is not None:
+                db.execute(
+                    "UPDATE batches SET input_offset = ?, lines_read = ?, output_bytes = ?, "
+                    "error_bytes = ?, duplicates = ? WHERE id = ?",
+                    (
+                        progress.input_offset,
+                        progress.lines_read,
+                        progress.output_bytes,
+                        progress.error_bytes,
+                        json.dumps(sorted(progress.duplicates)),
+                        obj["id"],
+                    ),
+                )
+
+    def cancel(self, batch_id: str) -> dict[str, Any] | None:
+        """Ask an open batch to stop (the runner finishes it as cancelled); atomic against the
+        runner's own saves, which keep a cancelling status."""
+        with self._tx() as db:
+            row = db.execute("SELECT obj FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if row is None:
+                return None
+            obj = json.loads(row["obj"])
+            if obj["status"] in ("validating", "in_progress"):
+                obj["status"] = "cancelling"
+                obj["cancelling_at"] = int(time.time())
+                db.execute(
+                    "UPDATE batches SET status = ?, obj = ? WHERE id = ?",
+                    (obj["status"], json.dumps(obj), batch_id),
+                )
+            return obj
+
+    def status(self, batch_id: str) -> str | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT status FROM batches WHERE id = ?", (batch_id,)
+            ).fetchone()
+        return str(row["status"]) if row else None
+
+    # ------------------------------------------------------------ pagination
+
+    def _page(
+        self,
+        table: str,
+        after: str | None,
+        limit: int,
+        order: str,
+        where: tuple[str, str | None] | None,
+        convert: Any,
+    ) -> tuple[list[dict[str, Any]], bool]:
+        clauses: list[str] = []
+        args: list[str | int] = []
+        if where is not None and where[1] is not None:
+            clauses.append(f"{where[0]} = ?")
+            args.append(where[1])
+        op, direction = ("<", "DESC") if order == "desc" else (">", "ASC")
+        if after is not None:
+            clauses.append(f"seq {op} COALESCE((SELECT seq FROM {table} WHERE id = ?), -1)")
+            args.append(after)
+        sql = f"SELECT * FROM {table}"
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
+        sql += f" ORDER BY seq {direction} LIMIT ?"
+        args.append(limit + 1)
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return [convert(r) for r in rows[:limit]], len(rows) > limit
+
+
+def _file_object(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "object": "file",
+        "bytes": row["bytes"],
+        "created_at": row["created_at"],
+        "filename": row["filename"],
+        "purpose": row["purpose"],
+        "status": "processed",
+        "status_details": None,
+        "expires_at": None,
+    }

@@ -1,0 +1,263 @@
+"""OpenAI's Files and Batch APIs with the openai SDK, unchanged; a job that survives kill -9.
+
+Job state lives in SQLite under --data-dir; every number in an output line is checked against
+the live endpoint for the same input.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.utils import RemoteServer
+
+pytestmark = pytest.mark.slow
+
+MODEL = "all-MiniLM-L6-v2"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteServer]:
+    data = tmp_path_factory.mktemp("batch-data")
+    with RemoteServer(["--data-dir", str(data), "--batch-max-file-bytes", "200000"]) as server:
+        yield server
+
+
+def _client(srv: RemoteServer) -> Any:
+    from openai import OpenAI
+
+    return OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0)
+
+
+def _line(custom_id: str, body: dict[str, Any], url: str = "/v1/embeddings") -> bytes:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body}).encode()
+
+
+def _wait(client: Any, batch_id: str, timeout: float = 180) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "cancelled", "expired"):
+            return batch
+        time.sleep(0.2)
+    raise TimeoutError(f"batch {batch_id} still {batch.status}")
+
+
+def _jsonl(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_openai_sdk_batch_round_trip(srv: RemoteServer) -> None:
+    client = _client(srv)
+    texts = [
+        f"sentence number {i} about {'cats' if i % 2 else 'the stock market'}" for i in range(40)
+    ]
+    bodies: list[dict[str, Any]] = [{"model": MODEL, "input": [t, t.upper()]} for t in texts]
+    for i in range(0, len(bodies), 5):
+        bodies[i]["dimensions"] = 128
+    lines = [_line(f"req-{i}", body) for i, body in enumerate(bodies)]
+    bad = [
+        b"{not json",
+        _line("wrong-url", {"model": MODEL, "input": "x"}, url="/v1/chat/completions"),
+        _line("unknown-model", {"model": "nope", "input": "x"}),
+        _line("req-3", {"model": MODEL, "input": "a repeated custom_id"}),
+    ]
+    content = b"\n".join(lines[:20] + bad + lines[20:]) + b"\n"
+    uploaded = client.files.create(file=("input.jsonl", content), purpose="batch")
+    assert uploaded.purpose == "batch" and uploaded.bytes == len(content)
+    assert client.files.content(uploaded.id).content == content
+    batch = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+        metadata={"job": "round-trip"},
+    )
+    assert batch.status == "validating" and batch.metadata == {"job": "round-trip"}
+    done = _wait(client, batch.id)
+    assert done.status == "completed", done
+    assert done.request_counts.total == 44
+    assert done.request_counts.completed == 40 and done.request_counts.failed == 4
+    assert done.completed_at >= done.in_progress_at >= done.created_at
+
+    output = _jsonl(client.files.content(done.output_file_id).text)
+    assert sorted(o["custom_id"] for o in output) == sorted(f"req-{i}" for i in range(40))
+    for o in output:
+        i = int(o["custom_id"].split("-")[1])
+        live = httpx.post(srv.base_url + "/embeddings", json=bodies[i]).json()
+        assert o["response"]["status_code"] == 200 and o["error"] is None
+        got = [d["embedding"] for d in o["response"]["body"]["data"]]
+        np.testing.assert_allclose(got, [d["embedding"] for d in live["data"]], atol=1e-5)
+        assert len(got[0]) == (128 if i % 5 == 0 else 384)
+        assert o["response"]["request_id"] and o["id"].startswith("batch_req_")
+
+    errors = {e["custom_id"]: e for e in _jsonl(client.files.content(done.error_file_id).text)}
+    assert len(errors) == 4 and None in errors  # the unparseable line has no custom_id
+    assert errors[None]["error"]["code"] == "invalid_json"
+    assert errors["wrong-url"]["error"]["code"] == "invalid_url"
+    assert errors["unknown-model"]["response"]["status_code"] == 404
+    assert errors["unknown-model"]["response"]["body"]["error"]["code"] == "model_not_found"
+    assert errors["req-3"]["error"]["code"] == "duplicate_custom_id"
+
+    listed = client.batches.list(limit=10)
+    assert done.id in [b.id for b in listed.data]
+    files = {f.id: f for f in client.files.list()}
+    assert files[done.output_file_id].purpose == "batch_output"
+    assert client.files.delete(uploaded.id).deleted
+    with pytest.raises(Exception) as info:
+        client.files.retrieve(uploaded.id)
+    assert getattr(info.value, "status_code", None) == 404
+
+
+def test_base64_lines_decode_to_the_floats(srv: RemoteServer) -> None:
+    client = _client(srv)
+    body = {"model": MODEL, "input": "decode me", "encoding_format": "base64"}
+    up = client.files.create(file=("b.jsonl", _line("b64", body)), purpose="batch")
+    done = _wait(
+        client,
+        client.batches.create(
+            input_file_id=up.id, endpoint="/v1/embeddings", completion_window="24h"
+        ).id,
+    )
+    (out,) = _jsonl(client.files.content(done.output_file_id).text)
+    got = np.frombuffer(base64.b64decode(out["response"]["body"]["data"][0]["embedding"]), "<f4")
+    live = httpx.post(srv.base_url + "/embeddings", json={"model": MODEL, "input": "decode me"})
+    np.testing.assert_allclose(got, live.json()["data"][0]["embedding"], atol=1e-6)
+
+
+def test_rerank_batches_too(srv: RemoteServer) -> None:
+    client = _client(srv)
+    body = {"model": MODEL, "query": "pasta", "documents": ["cook pasta", "stock market"]}
+    up = client.files.create(file=("r.jsonl", _line("r", body, url="/v1/rerank")), purpose="batch")
+    done = _wait(
+        client,
+        client.batches.create(
+            input_file_id=up.id, endpoint="/v1/rerank", completion_window="24h"
+        ).id,
+    )
+    (out,) = _jsonl(client.files.content(done.output_file_id).text)
+    live = httpx.post(srv.base_url + "/rerank", json=body).json()
+    got = out["response"]["body"]["results"]
+    assert [r["index"] for r in got] == [r["index"] for r in live["results"]]
+    assert [r["relevance_score"] for r in got] == pytest.approx(
+        [r["relevance_score"] for r in live["results"]], abs=1e-6
+    )
+
+
+def test_bad_requests_are_clear_4xx(srv: RemoteServer) -> None:
+    url = srv.base_url
+    ok = httpx.post(url + "/files", files={"file": ("x.jsonl", b"{}\n")}, data={"purpose": "batch"})
+    assert ok.status_code == 200
+    r = httpx.post(
+        url + "/files", files={"file": ("x.jsonl", b"{}\n")}, data={"purpose": "fine-tune"}
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_purpose"
+    r = httpx.post(url + "/files", data={"purpose": "batch"}, files={"other": ("x", b"1")})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "file"
+    big = b"x" * 200_001
+    r = httpx.post(url + "/files", files={"file": ("big.jsonl", big)}, data={"purpose": "batch"})
+    assert r.status_code == 413 and "200000" in r.json()["error"]["message"]
+    create = {
+        "input_file_id": ok.json()["id"],
+        "endpoint": "/v1/embeddings",
+        "completion_window": "24h",
+    }
+    r = httpx.post(url + "/batches", json={**create, "input_file_id": "file-nope"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "file_not_found"
+    r = httpx.post(url + "/batches", json={**create, "endpoint": "/v1/chat/completions"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_endpoint"
+    r = httpx.post(url + "/batches", json={**create, "completion_window": "1h"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "completion_window"
+    assert httpx.get(url + "/files/file-nope").status_code == 404
+    assert httpx.get(url + "/batches/batch_nope").status_code == 404
+    assert httpx.post(url + "/batches/batch_nope/cancel").status_code == 404
+    assert httpx.get(url + "/batches", params={"limit": 0}).status_code == 400
+
+
+def _debug_server(data: Path) -> RemoteServer:
+    cfg = data.parent / "debug.toml"
+    cfg.write_text(
+        '[[models]]\nname = "debug"\nmodel = "debug/engine"\nengine = "debugengine"\n'
+        "batch_size = 16\n"
+    )
+    return RemoteServer(
+        ["--config", str(cfg), "--data-dir", str(data)],
+        env={"OPENAI_COMPAT_TEST_BATCH_SECONDS": "0.05"},
+        slow_engine=True,
+    )
+
+
+def test_cancel_and_list_pagination(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with _debug_server(data) as srv:
+        client = _client(srv)
+        content = b"\n".join(
+            _line(f"c{i}", {"model": "debug", "input": f"t{i}"}) for i in range(400)
+        )
+        up = client.files.create(file=("c.jsonl", content), purpose="batch")
+        ids = [
+            client.batches.create(
+                input_file_id=up.id, endpoint="/v1/embeddings", completion_window="24h"
+            ).id
+            for _ in range(3)
+        ]
+        deadline = time.monotonic() + 60
+        while client.batches.retrieve(ids[0]).request_counts.completed == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        cancelling = client.batches.cancel(ids[0])
+        assert cancelling.status == "cancelling"
+        done = _wait(client, ids[0])
+        assert done.status == "cancelled" and done.cancelled_at
+        output = _jsonl(client.files.content(done.output_file_id).text)
+        assert 0 < len(output) < 400 == done.request_counts.total
+        assert len({o["custom_id"] for o in output}) == len(output)
+        page1 = client.batches.list(limit=2)
+        assert [b.id for b in page1.data] == [ids[2], ids[1]] and page1.has_more
+        page2 = client.batches.list(limit=2, after=ids[1])
+        assert [b.id for b in page2.data] == [ids[0]] and not page2.has_more
+        r = httpx.delete(srv.base_url + f"/files/{up.id}")  # still read by the open batches
+        assert r.status_code == 400 and r.json()["error"]["code"] == "file_in_use"
+
+
+def test_a_job_survives_kill_9_without_losing_or_repeating_a_line(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    n = 3000
+    content = b"\n".join(
+        _line(f"k{i}", {"model": "debug", "input": "x" * (i % 50 + 1)}) for i in range(n)
+    )
+    srv = _debug_server(data)
+    try:
+        client = _client(srv)
+        up = client.files.create(file=("k.jsonl", content), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=up.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        deadline = time.monotonic() + 120
+        while client.batches.retrieve(batch.id).request_counts.completed < 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        srv.signal(signal.SIGKILL)
+        srv.proc.wait(10)
+    finally:
+        srv.stop()
+    with _debug_server(data) as again:
+        client = _client(again)
+        before = client.batches.retrieve(batch.id)
+        assert before.status == "in_progress" and 0 < before.request_counts.completed < n
+        done = _wait(client, batch.id, timeout=300)
+        assert done.status == "completed" and done.request_counts.completed == n
+        output = _jsonl(client.files.content(done.output_file_id).text)
+    ids = [o["custom_id"] for o in output]
+    assert len(ids) == n and set(ids) == {f"k{i}" for i in range(n)}
+    for o in output:  # the debug engine's vector: the input's length, repeated
+        i = int(o["custom_id"][1:])
+        assert o["response"]["body"]["data"][0]["embedding"][0] == i % 50 + 1
