@@ -7,6 +7,7 @@ import os
 import sys
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from openai_compat import __version__, logs
@@ -42,7 +43,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="Download the configured hub models into the local cache (HF_HOME), e.g. at "
         "image build time, so replicas start without the network.",
     )
-    for target in (serve, download):
+    batch = sub.add_parser(
+        "batch",
+        help="Run a batch file (OpenAI's Batch API lines) without a server; resumable.",
+        description="Run every line of INPUT (OpenAI batch format: custom_id, method, url, "
+        "body) through the configured models, writing OpenAI's output lines to OUTPUT (and "
+        "failed lines to OUTPUT.errors.jsonl). Interrupted, the same command continues where "
+        "it stopped (state in OUTPUT.state/). Takes every server option too (--config, "
+        "--model...).",
+    )
+    batch.add_argument("input", metavar="INPUT", type=Path, help="JSONL file of requests")
+    batch.add_argument("-o", "--output", required=True, type=Path, help="JSONL output file")
+    batch.add_argument(
+        "--endpoint",
+        default="/v1/embeddings",
+        help="the route every line calls (default /v1/embeddings; also /v1/rerank, "
+        "/v2/rerank, /v1/classify)",
+    )
+    batch.add_argument(
+        "--force", action="store_true", help="run again even if OUTPUT exists and is complete"
+    )
+    for target in (serve, download, batch):
         _add_settings_flags(target)
     return parser
 
@@ -136,6 +157,7 @@ def download(settings: Settings) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     command = args.command
+    job = {k: vars(args).pop(k, None) for k in ("input", "output", "endpoint", "force")}
     values = {k: v for k, v in vars(args).items() if k != "command"}
     for name, value in list(values.items()):
         if isinstance(value, list):
@@ -150,4 +172,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     # explicitly turned it on.
     os.environ.setdefault("INFINITY_ANONYMOUS_USAGE_STATS", "0")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    if command == "batch":
+        from openai_compat.batch import cli as batch_cli
+
+        logs.configure("warning", settings.log_format)  # the progress bar, not access lines
+        sys.exit(
+            batch_cli.run(settings, job["input"], job["output"], job["endpoint"], job["force"])
+        )
     sys.exit(download(settings) if command == "download" else serve(settings))

@@ -7,8 +7,13 @@ the live endpoint for the same input.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
 import signal
+import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +23,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.utils import RemoteServer
+from tests.utils import ROOT, SERVER_ENV, RemoteServer
 
 pytestmark = pytest.mark.slow
 
@@ -261,3 +266,94 @@ def test_a_job_survives_kill_9_without_losing_or_repeating_a_line(tmp_path: Path
     for o in output:  # the debug engine's vector: the input's length, repeated
         i = int(o["custom_id"][1:])
         assert o["response"]["body"]["data"][0]["embedding"][0] == i % 50 + 1
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def _cli(args: list[str], *, slow: bool = False, **kw: Any) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **SERVER_ENV}
+    if slow:
+        env["OPENAI_COMPAT_TEST_BATCH_SECONDS"] = "0.05"
+    module = "tests.slow_engine" if slow else "openai_compat"
+    return subprocess.Popen(
+        [sys.executable, "-m", module, "batch", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **kw,
+    )
+
+
+def test_cli_output_equals_the_servers(srv: RemoteServer, tmp_path: Path) -> None:
+    bodies = [{"model": MODEL, "input": f"line {i} of the corpus"} for i in range(30)]
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(
+        b"\n".join([_line(f"q{i}", b) for i, b in enumerate(bodies)] + [b"[1, 2]"]) + b"\n"
+    )
+    out = tmp_path / "out.jsonl"
+    proc = _cli([str(source), "-o", str(out)])
+    log = proc.communicate(timeout=300)[0].decode(errors="replace")
+    assert proc.returncode == 0, log[-3000:]
+    assert "30 lines ->" in log and "1 failed ->" in log
+    assert not (tmp_path / "out.jsonl.state").exists()  # done: the state is gone
+    output = {o["custom_id"]: o for o in _jsonl(out.read_text())}
+    assert sorted(output) == sorted(f"q{i}" for i in range(30))
+    for i, body in enumerate(bodies):
+        live = httpx.post(srv.base_url + "/embeddings", json=body).json()
+        got = output[f"q{i}"]["response"]["body"]["data"][0]["embedding"]
+        np.testing.assert_allclose(got, live["data"][0]["embedding"], atol=1e-5)
+    (error,) = _jsonl((tmp_path / "out.errors.jsonl").read_text())
+    assert error["error"]["code"] == "invalid_request"
+    again = _cli([str(source), "-o", str(out)])  # done already: refuses to redo it silently
+    assert again.wait(120) == 2
+
+
+def test_cli_interrupted_then_rerun_continues_without_duplicates(tmp_path: Path) -> None:
+    cfg = tmp_path / "debug.toml"
+    cfg.write_text(
+        '[[models]]\nname = "debug"\nmodel = "debug/engine"\nengine = "debugengine"\n'
+        "batch_size = 16\n"
+    )
+    n = 2000
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(
+        b"\n".join(
+            _line(f"r{i}", {"model": "debug", "input": "y" * (i % 30 + 1)}) for i in range(n)
+        )
+    )
+    out = tmp_path / "out.jsonl"
+    state = tmp_path / "out.jsonl.state"
+    args = [str(source), "-o", str(out), "--config", str(cfg)]
+    first = _cli(args, slow=True)
+
+    def lines_read() -> int:
+        db = state / "batch.sqlite3"
+        if not db.exists():
+            return 0
+        with contextlib.closing(sqlite3.connect(db)) as con:
+            try:
+                row = con.execute("SELECT lines_read FROM batches").fetchone()
+            except sqlite3.OperationalError:  # created, schema not written yet
+                return 0
+        return int(row[0]) if row else 0
+
+    deadline = time.monotonic() + 120
+    while lines_read() < 160:
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    first.send_signal(signal.SIGINT)  # Ctrl-C
+    log = first.communicate(timeout=60)[0].decode(errors="replace")
+    assert first.returncode == 130, log[-3000:]
+    assert "run the same command again to continue" in log
+    done_before = lines_read()
+    assert 0 < done_before < n and not out.exists()
+    kept = _jsonl((state / "batches").glob("*/output.jsonl").__next__().read_text())
+    kept = kept[:done_before]
+    second = _cli(args, slow=True)
+    log = second.communicate(timeout=300)[0].decode(errors="replace")
+    assert second.returncode == 0, log[-3000:]
+    output = _jsonl(out.read_text())
+    assert [o["custom_id"] for o in output] == [f"r{i}" for i in range(n)]  # input order, once
+    assert output[:done_before] == kept  # the first run's lines kept as written, not redone

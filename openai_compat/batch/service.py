@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import httpx
@@ -49,6 +50,8 @@ class BatchService:
 
     def start(self, app: Any) -> None:
         """Serve open batches (resuming any a previous process left) once models are ready."""
+        # httpx logs every request at INFO: a line per batch row, beside our access log
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         headers = {}
         if self.settings.api_key:
             headers["Authorization"] = f"Bearer {self.settings.api_key[0]}"
