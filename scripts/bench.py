@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Side-by-side throughput and latency: openai-compat vs infinity-emb's own server vs the same
 engine in-process (no HTTP, the ceiling); and cold start to ready, ours vs infinity-emb's.
+With --batch-impact: live latency on ours alone vs while a Batch API job runs.
 
     python scripts/bench.py                 # short mode: 3 rounds, ~20 minutes on 2 cores
     python scripts/bench.py --full          # the full sweep (much longer)
     python scripts/bench.py --models debug --inputs 1,16 --concurrency 8,64 --duration 5
+    python scripts/bench.py --batch-impact --models minilm --concurrency 4 --duration 20
 
 Fairness: the load generator (this process) is pinned to its own CPU(s) with
 sched_setaffinity (`--gen-cpus`, default the last CPU); every server and the in-process engine
@@ -187,7 +189,9 @@ def _start(name: str, cmd: list[str], port: int, workdir: Path) -> Server:
     return Server(name, f"http://127.0.0.1:{port}", proc, log)
 
 
-def start_ours(setting: str, workdir: Path, count_tokens: bool = True) -> Server:
+def start_ours(
+    setting: str, workdir: Path, count_tokens: bool = True, extra: tuple[str, ...] = ()
+) -> Server:
     served, source, _, engine, batch = MODEL_SETTINGS[setting]
     cfg = workdir / f"ours-{setting}.toml"
     quantize = ""
@@ -206,6 +210,7 @@ def start_ours(setting: str, workdir: Path, count_tokens: bool = True) -> Server
     cmd += ["--forwarded-allow-ips", "127.0.0.1", "--otel"]
     if not count_tokens:
         cmd.append("--no-count-tokens")
+    cmd += extra
     name = "ours" if count_tokens else "ours-nocount"
     return _start(name, cmd, port, workdir)
 
@@ -641,6 +646,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ours-url", default=None, help="target a running server instead")
     p.add_argument("--infinity-url", default=None, help="target a running server instead")
     p.add_argument("--out-dir", default="bench-results")
+    p.add_argument(
+        "--batch-impact",
+        action="store_true",
+        help="instead: live latency on ours with and without a Batch API job running "
+        "(first --models setting, first --concurrency, 1 input per live request)",
+    )
+    p.add_argument("--batch-lines", type=int, default=3000, help="lines of that job")
     p.add_argument("--inprocess-worker", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     full = a.full
@@ -810,6 +822,124 @@ async def run(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[st
     return report
 
 
+# ---------------------------------------------------------------- batch impact
+
+
+async def batch_impact(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[str, Any]:
+    """Live p50/p99 on our server alone, and while a Batch API job (16 inputs a line) runs on
+    the same engine; alternated over rounds. Writes batch-impact.json."""
+    setting = args.models[0]
+    served = MODEL_SETTINGS[setting][0]
+    srv = start_ours(setting, workdir, extra=("--data-dir", str(workdir / "data")))
+    sc = Scenario(setting, 1, "float", "text", args.concurrency[0])
+    duration, warmup = args.durations[setting], args.warmups[setting]
+    body = request_body(sc, served, seed=0)
+    lines = b"\n".join(
+        orjson.dumps(
+            {
+                "custom_id": f"b{i}",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": served, "input": sentences(16, 1000 + i)},
+            }
+        )
+        for i in range(args.batch_lines)
+    )
+    runs: dict[str, list[Result]] = {"alone": [], "with-batch": []}
+    batch_rows_per_s: list[float] = []
+    try:
+        await wait_ready(srv, "/ready", limit=600)
+        async with aiohttp.ClientSession() as session:
+            form = aiohttp.FormData()
+            form.add_field("purpose", "batch")
+            form.add_field("file", lines, filename="impact.jsonl")
+            async with session.post(srv.url + "/v1/files", data=form) as resp:
+                file_id = (await resp.json())["id"]
+
+            async def batch_state(batch_id: str) -> dict[str, Any]:
+                async with session.get(f"{srv.url}/v1/batches/{batch_id}") as resp:
+                    state: dict[str, Any] = await resp.json()
+                    return state
+
+            for rnd in range(args.rounds):
+                modes = ["alone", "with-batch"] if rnd % 2 == 0 else ["with-batch", "alone"]
+                for mode in modes:
+                    batch_id = None
+                    if mode == "with-batch":
+                        create = {
+                            "input_file_id": file_id,
+                            "endpoint": "/v1/embeddings",
+                            "completion_window": "24h",
+                        }
+                        async with session.post(srv.url + "/v1/batches", json=create) as resp:
+                            batch_id = (await resp.json())["id"]
+                        while (await batch_state(batch_id))["request_counts"]["completed"] == 0:  # noqa: ASYNC110
+                            await asyncio.sleep(0.1)
+                        before = (await batch_state(batch_id))["request_counts"]["completed"]
+                    ok, err, secs, lat = await drive_http(
+                        srv.url + "/v1/embeddings", body, sc, duration, warmup, args.max_requests
+                    )
+                    if batch_id is not None:
+                        state = await batch_state(batch_id)
+                        if state["status"] != "in_progress":
+                            print(
+                                "[bench] the batch ended inside the window: use more --batch-lines",
+                                file=sys.stderr,
+                            )
+                        batch_rows_per_s.append(
+                            (state["request_counts"]["completed"] - before) / (duration + warmup)
+                        )
+                        async with session.post(f"{srv.url}/v1/batches/{batch_id}/cancel"):
+                            pass
+                        while (await batch_state(batch_id))["status"] != "cancelled":  # noqa: ASYNC110
+                            await asyncio.sleep(0.1)
+                    res = Result(mode, sc, ok, err, secs, lat)
+                    runs[mode].append(res)
+                    print(
+                        f"[bench] round {rnd + 1}/{args.rounds} {mode:<10} {res.rps:8.1f} req/s"
+                        f"  p50 {res.pct(0.5):7.1f} ms  p99 {res.pct(0.99):7.1f} ms"
+                        + (f"  ERRORS {err}" if err else ""),
+                        file=sys.stderr,
+                    )
+    finally:
+        srv.stop()
+
+    def spread(values: list[float]) -> str:
+        return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+    print(
+        f"\nlive requests: {setting}, 1 input each, concurrency {sc.concurrency}, "
+        f"{duration:.0f} s windows, {args.rounds} alternated rounds; batch lines: 16 inputs"
+    )
+    print(f"{'':<12}{'p50 ms':>22}{'p99 ms':>22}{'req/s':>22}")
+    for mode, res in runs.items():
+        print(
+            f"{mode:<12}{spread([r.pct(0.5) for r in res]):>22}"
+            f"{spread([r.pct(0.99) for r in res]):>22}{spread([r.rps for r in res]):>22}"
+        )
+    ratios = {
+        q: [b.pct(q) / a.pct(q) for a, b in zip(runs["alone"], runs["with-batch"], strict=True)]
+        for q in (0.5, 0.99)
+    }
+    print(
+        f"with-batch / alone: p50 {spread(ratios[0.5])}x, p99 {spread(ratios[0.99])}x; "
+        f"batch meanwhile {spread(batch_rows_per_s)} lines/s "
+        f"({spread([16 * x for x in batch_rows_per_s])} inputs/s)"
+    )
+    report = {
+        "setting": setting,
+        "concurrency": sc.concurrency,
+        "duration": duration,
+        "rounds": args.rounds,
+        "runs": {m: [r.summary() for r in res] for m, res in runs.items()},
+        "ratio_p50": ratios[0.5],
+        "ratio_p99": ratios[0.99],
+        "batch_lines_per_s": batch_rows_per_s,
+    }
+    (out_dir / "batch-impact.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.inprocess_worker:
@@ -820,7 +950,10 @@ def main(argv: list[str] | None = None) -> int:
     os.sched_setaffinity(0, args.gen_cpus)  # the load generator keeps to its own CPUs
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    asyncio.run(run(args, out_dir, Path(tempfile.mkdtemp(prefix="bench-"))))
+    workdir = Path(tempfile.mkdtemp(prefix="bench-"))
+    asyncio.run(
+        batch_impact(args, out_dir, workdir) if args.batch_impact else run(args, out_dir, workdir)
+    )
     return 0
 
 

@@ -89,3 +89,43 @@ def test_bench_short_mode_runs_and_writes_its_outputs(tmp_path: Path) -> None:
         assert row["requests_per_s_min"] <= row["requests_per_s"] <= row["requests_per_s_max"]
     png = (tmp_path / "throughput.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_batch_impact_runs_both_modes_and_reports_ratios(tmp_path: Path) -> None:
+    """--batch-impact on debugengine (tiny counts): live load alone and beside a batch job."""
+    import json
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench.py"),
+            "--batch-impact",
+            "--models",
+            "debug",
+            "--concurrency",
+            "2",
+            "--duration",
+            "3",
+            "--warmup",
+            "0.2",
+            "--rounds",
+            "2",
+            "--batch-lines",
+            "20000",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "with-batch / alone: p50" in out.stdout
+    assert "the batch ended inside the window" not in out.stderr
+    report = json.loads((tmp_path / "batch-impact.json").read_text())
+    assert set(report["runs"]) == {"alone", "with-batch"}
+    for runs in report["runs"].values():
+        assert len(runs) == 2 and all(r["requests"] > 0 and r["errors"] == 0 for r in runs)
+    assert len(report["ratio_p99"]) == 2 and all(r > 0 for r in report["ratio_p99"])
+    assert all(x > 0 for x in report["batch_lines_per_s"])  # the batch moved meanwhile

@@ -1,14 +1,15 @@
 """Runs batch jobs: each input line is a request to one of this server's own routes.
 
 A line is sent through the app itself (in process, over ASGI), so it gets exactly the
-validation, errors, limits and response body a live request gets. Lines go in chunks, in
-input order; each chunk's results are appended to the output and error files, fsynced, then
+validation, errors, limits and response body a live request gets. Lines go in waves, in
+input order; each wave's results are appended to the output and error files, fsynced, then
 committed with the job's progress (store.py), so a restart resumes exactly where the last
 commit left off.
 
-Online traffic first: before each chunk the runner waits (up to MAX_YIELD seconds) until no
-live request is in flight, and a chunk is small (CHUNK lines), so a live request waits for
-at most one chunk's engine batches.
+Online traffic first: lines go in waves, each written, fsynced and committed: idle, a wave
+holds up to WAVE_INPUTS inputs (engine batches stay full); while live requests are in
+flight, a wave is one line, sent only when they pause (or after MAX_YIELD seconds), so a live
+request waits behind at most one line's inputs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from openai_compat.batch.store import OPEN_STATUSES, Progress, Store, new_id
 logger = logging.getLogger("openai_compat.batch")
 
 ENDPOINTS = ("/v1/embeddings", "/v1/rerank", "/v2/rerank", "/v1/classify")
-CHUNK = 16
+CHUNK = 64  # most lines sent at once (one commit each wave)
+WAVE_INPUTS = 64  # inputs a wave stops at, while no live request is in flight
 MAX_YIELD = 1.0  # seconds a chunk waits for live traffic to pause before it goes anyway
 RETRY_STATUSES = (429, 503)  # overloaded or draining: the line is tried again, not failed
 
@@ -138,15 +140,28 @@ async def run_line(raw: bytes, endpoint: str, duplicate: bool, dispatch: Dispatc
     return LineResult(200 <= status < 300, record)
 
 
-def _read_chunk(f: BinaryIO, n: int) -> tuple[list[bytes], int]:
-    """Up to n non-blank lines from f's position; and the offset after the last one read."""
+def _inputs(raw: bytes) -> int:
+    """How many inputs a line asks for (its body's input / documents list), at least 1."""
+    try:
+        body = json.loads(raw).get("body") or {}
+        items = body.get("input", body.get("documents", body.get("texts")))
+    except (ValueError, AttributeError):
+        return 1
+    return max(1, len(items)) if isinstance(items, list) else 1
+
+
+def _read_wave(f: BinaryIO, max_lines: int, max_inputs: int) -> tuple[list[bytes], int]:
+    """Non-blank lines from f's position, up to max_lines or until they hold max_inputs
+    inputs; and the offset after the last one read."""
     lines: list[bytes] = []
-    while len(lines) < n:
+    inputs = 0
+    while len(lines) < max_lines and inputs < max_inputs:
         raw = f.readline()
         if not raw:
             break
         if raw.strip():
             lines.append(raw)
+            inputs += _inputs(raw)
     return lines, f.tell()
 
 
@@ -236,10 +251,12 @@ class Runner:
                     return True  # _finalize closes it as expired, with what was done
                 if self.gate.stopping():
                     return False
-                lines, offset = _read_chunk(inp, CHUNK)
+                await self.gate.wait()
+                # idle: a wave fills engine batches; live requests in flight: one line
+                busy = self.gate.live() > 0
+                lines, offset = _read_wave(inp, 1 if busy else CHUNK, WAVE_INPUTS)
                 if not lines:
                     return True
-                await self.gate.wait()
                 first = progress.lines_read
                 try:
                     results = await asyncio.gather(
