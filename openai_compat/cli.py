@@ -52,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         "it stopped (state in OUTPUT.state/). Takes every server option too (--config, "
         "--model...).",
     )
-    batch.add_argument("input", metavar="INPUT", type=Path, help="JSONL file of requests")
-    batch.add_argument("-o", "--output", required=True, type=Path, help="JSONL output file")
+    batch.add_argument("input", metavar="INPUT", help="JSONL file of requests")
+    batch.add_argument("-o", "--output", required=True, help="JSONL output file")
     batch.add_argument(
         "--endpoint",
         default="/v1/embeddings",
@@ -63,6 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument(
         "--force", action="store_true", help="run again even if OUTPUT exists and is complete"
     )
+    batch.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run on a Ray cluster with Ray Data (ADDRESS, or RAY_ADDRESS, or a local "
+        "instance); INPUT and OUTPUT may then be any URI pyarrow reads (s3://, gs://)",
+    )
+    batch.add_argument("--ray-actors", type=int, default=1, help="model replicas (actors)")
+    batch.add_argument("--ray-cpus-per-actor", type=float, default=1.0)
+    batch.add_argument("--ray-gpus-per-actor", type=float, default=0.0)
     for target in (serve, download, batch):
         _add_settings_flags(target)
     return parser
@@ -133,8 +145,6 @@ def serve(settings: Settings) -> int:
 def download(settings: Settings) -> int:
     """Fetch every hub model of the configuration into the Hugging Face cache, and make the
     ONNX exports of models served with engine = "onnx", so replicas start without either."""
-    from pathlib import Path
-
     from huggingface_hub import snapshot_download
 
     from openai_compat.engine import backends
@@ -157,7 +167,11 @@ def download(settings: Settings) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     command = args.command
-    job = {k: vars(args).pop(k, None) for k in ("input", "output", "endpoint", "force")}
+    job_keys = (
+        *("input", "output", "endpoint", "force"),
+        *("ray", "ray_actors", "ray_cpus_per_actor", "ray_gpus_per_actor"),
+    )
+    job = {k: vars(args).pop(k, None) for k in job_keys}
     values = {k: v for k, v in vars(args).items() if k != "command"}
     for name, value in list(values.items()):
         if isinstance(value, list):
@@ -176,7 +190,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         from openai_compat.batch import cli as batch_cli
 
         logs.configure("warning", settings.log_format)  # the progress bar, not access lines
+        if job["ray"] is not None:
+            from openai_compat.batch import ray_job
+
+            sys.exit(
+                ray_job.run(
+                    settings,
+                    job["input"],
+                    job["output"],
+                    job["endpoint"],
+                    job["ray"] or None,
+                    job["ray_actors"],
+                    job["ray_cpus_per_actor"],
+                    job["ray_gpus_per_actor"],
+                )
+            )
         sys.exit(
-            batch_cli.run(settings, job["input"], job["output"], job["endpoint"], job["force"])
+            batch_cli.run(
+                settings, Path(job["input"]), Path(job["output"]), job["endpoint"], job["force"]
+            )
         )
     sys.exit(download(settings) if command == "download" else serve(settings))

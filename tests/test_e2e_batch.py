@@ -357,3 +357,44 @@ def test_cli_interrupted_then_rerun_continues_without_duplicates(tmp_path: Path)
     output = _jsonl(out.read_text())
     assert [o["custom_id"] for o in output] == [f"r{i}" for i in range(n)]  # input order, once
     assert output[:done_before] == kept  # the first run's lines kept as written, not redone
+
+
+def test_ray_job_output_equals_the_local_run(tmp_path: Path) -> None:
+    """A local Ray instance (this machine's 2 CPUs), 2 actors: the same lines, in the same
+    order, with the same vectors and the same failures as the local CLI run."""
+    bodies = [{"model": MODEL, "input": [f"ray line {i}", f"second text {i}"]} for i in range(40)]
+    lines = [_line(f"y{i}", b) for i, b in enumerate(bodies)]
+    lines[10:10] = [b"not json", _line("y3", bodies[3]), _line("bad-url", bodies[0], url="/x")]
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"\n".join(lines) + b"\n")
+    local, ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    first = _cli([str(source), "-o", str(local)])
+    log = first.communicate(timeout=300)[0].decode(errors="replace")
+    assert first.returncode == 0, log[-3000:]
+    second = _cli(
+        [str(source), "-o", str(ray), "--ray", "--ray-actors", "2", "--ray-cpus-per-actor", "0.5"]
+    )
+    log = second.communicate(timeout=600)[0].decode(errors="replace")
+    assert second.returncode == 0, log[-3000:]
+    assert "40 lines ->" in log and "3 failed ->" in log
+    mine, theirs = _jsonl(ray.read_text()), _jsonl(local.read_text())
+    assert (
+        [o["custom_id"] for o in mine]
+        == [o["custom_id"] for o in theirs]
+        == [f"y{i}" for i in range(40)]
+    )
+    for a, b in zip(mine, theirs, strict=True):
+        assert a["response"]["status_code"] == b["response"]["status_code"] == 200
+        np.testing.assert_allclose(
+            [d["embedding"] for d in a["response"]["body"]["data"]],
+            [d["embedding"] for d in b["response"]["body"]["data"]],
+            atol=1e-5,
+        )
+        assert a["response"]["body"]["usage"] == b["response"]["body"]["usage"]
+    errors = _jsonl((tmp_path / "ray.errors.jsonl").read_text())
+    local_errors = _jsonl((tmp_path / "local.errors.jsonl").read_text())
+    assert (
+        [(e["custom_id"], e["error"]["code"]) for e in errors]
+        == [(e["custom_id"], e["error"]["code"]) for e in local_errors]
+        == [(None, "invalid_json"), ("y3", "duplicate_custom_id"), ("bad-url", "invalid_url")]
+    )

@@ -24,8 +24,12 @@ FINAL = ("completed", "failed", "cancelled", "expired")
 INPUT_ID = "file-cli-input"
 
 
-def errors_path(output: Path) -> Path:
-    return output.with_name(output.stem + ".errors" + output.suffix)
+def errors_path(output: Any) -> Any:
+    """OUTPUT.jsonl -> OUTPUT.errors.jsonl (a Path for a Path, a string for a path or URI)."""
+    if isinstance(output, Path):
+        return output.with_name(output.stem + ".errors" + output.suffix)
+    stem, dot, suffix = str(output).rpartition(".")
+    return f"{stem}.errors.{suffix}" if dot and "/" not in suffix else f"{output}.errors"
 
 
 def run(settings: Settings, source: Path, output: Path, endpoint: str, force: bool) -> int:

@@ -1,0 +1,177 @@
+"""`openai-compat batch INPUT -o OUTPUT --ray [ADDRESS]`: the same job on a Ray cluster.
+
+Ray Data reads the input (a local path or any URI pyarrow understands: s3://, gs://, ...),
+an actor pool of model replicas runs the lines (each actor builds this server's app in
+process, models and all, and sends every line through its route, exactly as the server
+and the local CLI do), and the driver writes the results in input order to OUTPUT (and
+failed lines to OUTPUT.errors.jsonl), through pyarrow's filesystems too. The output equals the
+local run's line for line (the random `id` / `request_id` fields aside).
+
+Ray is an optional extra: `pip install 'openai-compat[ray]'`. Model sources must be reachable
+from every node (hub ids are downloaded there; local folders must exist there). A Ray job is
+not resumable: rerun it whole (use the local CLI for resumable runs on one machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+from typing import Any
+
+from openai_compat.settings import Settings
+
+LINES_PER_CALL = 32  # rows one actor call takes
+CONCURRENT_LINES = 4  # lines an actor has in its engine at once
+
+
+class LineWorker:
+    """A Ray actor: one replica of the app (models loaded once), running lines through it."""
+
+    def __init__(self, settings_json: str, endpoint: str) -> None:
+        import httpx
+
+        from openai_compat import logs
+        from openai_compat.app import create_app
+
+        settings = Settings.model_validate_json(settings_json)
+        # the app's own Batch API store is unused here: keep it out of the real data dir
+        settings = settings.model_copy(update={"data_dir": tempfile.mkdtemp(prefix="oc-ray-")})
+        logs.configure("warning", settings.log_format)
+        self.endpoint = endpoint
+        self.loop = asyncio.new_event_loop()
+        self.app = create_app(settings)
+        self.lifespan = self.app.router.lifespan_context(self.app)
+        self.loop.run_until_complete(self._start())
+        self.client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=self.app),
+            base_url="http://batch.internal",
+            timeout=600,
+        )
+
+    async def _start(self) -> None:
+        await self.lifespan.__aenter__()
+        lifecycle = self.app.state.lifecycle
+        while lifecycle.phase == "loading":  # noqa: ASYNC110 (a phase, not an event)
+            await asyncio.sleep(0.1)
+        if lifecycle.phase != "ready":
+            raise RuntimeError(f"models failed to load: {lifecycle.error}")
+
+    async def _dispatch(self, url: str, body: bytes) -> tuple[int, bytes, str]:
+        resp = await self.client.post(
+            url, content=body, headers={"Content-Type": "application/json"}
+        )
+        return resp.status_code, resp.content, resp.headers.get("x-request-id", "")
+
+    async def _line(self, raw: bytes, gate: asyncio.Semaphore) -> tuple[bool, str]:
+        from openai_compat.batch.runner import Retry, run_line
+
+        async with gate:
+            while True:
+                try:
+                    result = await run_line(raw, self.endpoint, False, self._dispatch)
+                    return result.ok, json.dumps(result.record, separators=(",", ":"))
+                except Retry:  # the replica's admission limit: wait for room
+                    await asyncio.sleep(0.2)
+
+    async def _all(self, lines: list[bytes]) -> list[tuple[bool, str]]:
+        gate = asyncio.Semaphore(CONCURRENT_LINES)
+        return list(await asyncio.gather(*(self._line(raw, gate) for raw in lines)))
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
+        lines = [str(t).encode() for t in batch["text"]]
+        results = self.loop.run_until_complete(self._all(lines))
+        return {"ok": [ok for ok, _ in results], "record": [rec for _, rec in results]}
+
+
+def run(
+    settings: Settings,
+    source: str,
+    output: str,
+    endpoint: str,
+    address: str | None,
+    actors: int,
+    cpus_per_actor: float,
+    gpus_per_actor: float,
+) -> int:
+    try:
+        import ray
+        import ray.data
+        from pyarrow import fs
+    except ImportError:
+        print(
+            "openai-compat batch --ray needs Ray: pip install 'openai-compat[ray]'", file=sys.stderr
+        )
+        return 2
+    from tqdm import tqdm
+
+    from openai_compat.batch.cli import errors_path
+
+    ray.init(address=address or None, include_dashboard=False, log_to_driver=False)
+    try:
+        ctx = ray.data.DataContext.get_current()
+        ctx.execution_options.preserve_order = True  # results come back in input order
+        ctx.enable_progress_bars = False  # ours counts rows
+        # reading is light: it must not wait for CPUs the actors hold
+        ds = ray.data.read_text(source, drop_empty_lines=True, num_cpus=0.1)
+        results = ds.map_batches(
+            LineWorker,
+            fn_constructor_args=(settings.model_dump_json(), endpoint),
+            batch_size=LINES_PER_CALL,
+            concurrency=actors,
+            num_cpus=cpus_per_actor,
+            num_gpus=gpus_per_actor,
+            batch_format="numpy",
+        )
+        out_fs, out_path = fs.FileSystem.from_uri(_uri(output))
+        err_uri = errors_path(output)
+        err_fs, err_path = fs.FileSystem.from_uri(_uri(err_uri))
+        seen: set[str] = set()
+        counts = {"completed": 0, "failed": 0}
+        bar = tqdm(unit="rows", desc="batch (ray)", dynamic_ncols=True, file=sys.stderr)
+        with out_fs.open_output_stream(out_path) as out, err_fs.open_output_stream(err_path) as err:
+            for row in results.iter_rows():
+                ok, record = bool(row["ok"]), str(row["record"])
+                parsed = json.loads(record)
+                custom_id = parsed.get("custom_id")
+                if isinstance(custom_id, str) and custom_id and custom_id in seen:
+                    # as the local run: a custom_id used before fails that line
+                    ok = False
+                    record = json.dumps(
+                        {
+                            "id": parsed["id"],
+                            "custom_id": custom_id,
+                            "response": None,
+                            "error": {
+                                "code": "duplicate_custom_id",
+                                "message": f"custom_id {custom_id!r} was used before.",
+                            },
+                        },
+                        separators=(",", ":"),
+                    )
+                if isinstance(custom_id, str) and custom_id:
+                    seen.add(custom_id)
+                (out if ok else err).write(record.encode() + b"\n")
+                counts["completed" if ok else "failed"] += 1
+                bar.update(1)
+        bar.close()
+        if counts["failed"] == 0:
+            err_fs.delete_file(err_path)
+        print(
+            f"{counts['completed']} lines -> {output}"
+            + (f"; {counts['failed']} failed -> {err_uri}" if counts["failed"] else ""),
+            file=sys.stderr,
+        )
+        return 0
+    finally:
+        ray.shutdown()
+
+
+def _uri(path: str) -> str:
+    """pyarrow wants absolute local paths or URIs."""
+    if "://" in path:
+        return path
+    from pathlib import Path
+
+    return str(Path(path).resolve())
