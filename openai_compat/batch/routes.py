@@ -56,7 +56,7 @@ def _limit(request: Request, default: int = 20) -> int:
     raw = request.query_params.get("limit")
     if raw is None:
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 100:
         raise BadRequest("'limit' must be an integer from 1 to 100.", param="limit")
     return int(raw)
 
