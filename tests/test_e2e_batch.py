@@ -398,3 +398,18 @@ def test_ray_job_output_equals_the_local_run(tmp_path: Path) -> None:
         == [(e["custom_id"], e["error"]["code"]) for e in local_errors]
         == [(None, "invalid_json"), ("y3", "duplicate_custom_id"), ("bad-url", "invalid_url")]
     )
+
+
+def test_two_servers_cannot_share_a_data_dir(tmp_path: Path) -> None:
+    """Two runners on one database would run every job twice: the second process gets a
+    clear 503 on the Batch API instead, and serves everything else."""
+    data = tmp_path / "data"
+    with _debug_server(data) as first, _debug_server(data) as second:
+        upload = {"file": ("a.jsonl", _line("a", {"model": "debug", "input": "x"}))}
+        ok = httpx.post(first.base_url + "/files", files=upload, data={"purpose": "batch"})
+        assert ok.status_code == 200
+        busy = httpx.post(second.base_url + "/files", files=upload, data={"purpose": "batch"})
+        assert busy.status_code == 503 and busy.json()["error"]["code"] == "data_dir_in_use"
+        assert "its own --data-dir" in busy.json()["error"]["message"]
+        live = httpx.post(second.base_url + "/embeddings", json={"model": "debug", "input": "x"})
+        assert live.status_code == 200

@@ -8,8 +8,10 @@ docs/playground.png, the README's).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,8 @@ def srv(
         f'[[models]]\nname = "clip"\nmodel = "{tiny_media_models["clip"]}"\n'
         f'[[models]]\nname = "splade"\nmodel = "{splade_path}"\n'
     )
-    with RemoteServer(["--config", str(cfg)]) as server:
+    data = tmp_path_factory.mktemp("playground-data")
+    with RemoteServer(["--config", str(cfg), "--data-dir", str(data)]) as server:
         yield server
 
 
@@ -252,6 +255,32 @@ def test_server_panel_shows_the_models_and_live_metrics(page: Page, srv: RemoteS
     p = page.page
     for _ in range(3):
         _post(srv, "/v1/embeddings", {"model": "minilm", "input": "load"})
+    # a finished batch job, shown with its progress
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"p{i}",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": "minilm", "input": f"text {i}"},
+            }
+        )
+        for i in range(5)
+    ]
+    up = httpx.post(
+        srv.url + "/v1/files",
+        data={"purpose": "batch"},
+        files={"file": ("p.jsonl", "\n".join(lines).encode())},
+    ).json()
+    batch = _post(
+        srv,
+        "/v1/batches",
+        {"input_file_id": up["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"},
+    )
+    deadline = time.monotonic() + 60
+    while httpx.get(srv.url + f"/v1/batches/{batch['id']}").json()["status"] != "completed":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
     before = total()
     page.tab("server")
     # two polls: a rate needs two samples (waiting by selector: the page's CSP forbids the
@@ -269,6 +298,9 @@ def test_server_panel_shows_the_models_and_live_metrics(page: Page, srv: RemoteS
     assert [r[1] for r in rows] == [", ".join(c["capabilities"]) for c in cards]
     assert [r[4] for r in rows] == ["0"] * len(cards)  # nothing queued
     assert "req/s" in (p.text_content("#srv-rate") or "")
+    row = p.locator(f"#srv-batches tr[data-batch='{batch['id']}']")
+    assert row.get_attribute("data-done") == row.get_attribute("data-total") == "5"
+    assert row.locator(".status").text_content() == "completed"
     page.shot("server")
 
 

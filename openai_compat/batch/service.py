@@ -10,9 +10,12 @@ from typing import Any
 import httpx
 
 from openai_compat.batch.runner import Gate, Runner
-from openai_compat.batch.store import Store, new_id
+from openai_compat.batch.store import Store, StoreBusy, new_id
+from openai_compat.errors import ServiceUnavailable
 from openai_compat.lifecycle import Lifecycle
 from openai_compat.settings import Settings
+
+logger = logging.getLogger("openai_compat.batch")
 
 # Lines wait this long at most for their response (a line is one API request).
 LINE_TIMEOUT = 600.0
@@ -34,8 +37,12 @@ class BatchService:
         )
 
     def _lazy_store(self) -> Store:
+        """Opened on first use (a server that never sees the Batch API creates nothing)."""
         if self._store is None:
-            self._store = Store(self.settings.data())
+            try:
+                self._store = Store(self.settings.data())
+            except StoreBusy as exc:
+                raise ServiceUnavailable(str(exc), code="data_dir_in_use") from exc
         return self._store
 
     @property
@@ -66,8 +73,19 @@ class BatchService:
     async def _serve(self) -> None:
         while self.lifecycle.phase == "loading":  # noqa: ASYNC110 (a phase, not an event)
             await asyncio.sleep(0.1)
-        if self.lifecycle.phase == "ready":
-            await self.runner.serve()
+        # Jobs exist once the database does (made by the API's first use, or left by an
+        # earlier process, whose open jobs are resumed).
+        database = self.settings.data() / "batch.sqlite3"
+        while self._store is None and not database.exists() and not self._stopping():  # noqa: ASYNC110
+            await asyncio.sleep(1.0)
+        if self.lifecycle.phase != "ready":
+            return
+        try:
+            self._lazy_store()
+        except ServiceUnavailable as exc:
+            logger.error("batch jobs not run here: %s", exc.message)
+            return
+        await self.runner.serve()
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -15,6 +15,7 @@ database and copy the folders after it).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import sqlite3
@@ -68,11 +69,25 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex}"
 
 
+class StoreBusy(RuntimeError):
+    """Another process holds this data dir: two runners would run the same jobs twice."""
+
+
 class Store:
     def __init__(self, root: Path) -> None:
         self.root = root
         (root / "files").mkdir(parents=True, exist_ok=True)
         (root / "batches").mkdir(parents=True, exist_ok=True)
+        # One process per data dir, held for the process's life (released when it dies).
+        self._dir_lock = (root / ".lock").open("a+")
+        try:
+            fcntl.flock(self._dir_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            self._dir_lock.close()
+            raise StoreBusy(
+                f"the data dir {root} is in use by another openai-compat process; give each "
+                "process its own --data-dir"
+            ) from exc
         self._lock = threading.Lock()
         self._db = sqlite3.connect(root / "batch.sqlite3", check_same_thread=False)
         self._db.row_factory = sqlite3.Row
@@ -83,6 +98,7 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        self._dir_lock.close()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

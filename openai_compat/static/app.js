@@ -410,9 +410,35 @@ function renderModelTable(samples) {
   );
 }
 
+function renderBatches(list) {
+  const tbody = $("srv-batches").querySelector("tbody");
+  if (!list.data.length) {
+    tbody.replaceChildren(el("tr", {}, el("td", { colSpan: 5, class: "hint", text: "No batch jobs (POST /v1/batches)." })));
+    return;
+  }
+  tbody.replaceChildren(
+    ...list.data.map((b) => {
+      const c = b.request_counts;
+      const done = c.completed + c.failed;
+      const bar = el("span", { class: "bar" });
+      bar.style.width = `${c.total ? (100 * done) / c.total : 0}%`;
+      return el(
+        "tr",
+        { "data-batch": b.id, "data-done": done, "data-total": c.total },
+        el("td", { class: "mono", text: b.id }),
+        el("td", { text: b.endpoint }),
+        el("td", { class: "status", text: b.status }),
+        el("td", {}, el("span", { class: "track" }, bar), el("span", { class: "hint", text: ` ${done} / ${c.total}` })),
+        el("td", { text: String(c.failed) })
+      );
+    })
+  );
+}
+
 async function pollMetrics() {
   try {
-    const text = await api("/metrics");
+    const [text, batches] = await Promise.all([api("/metrics"), api("/v1/batches?limit=10")]);
+    renderBatches(batches);
     const samples = parseMetrics(text);
     const now = performance.now();
     const total = sum(samples, "openai_compat_requests_total");
