@@ -405,6 +405,11 @@ def test_two_servers_cannot_share_a_data_dir(tmp_path: Path) -> None:
     clear 503 on the Batch API instead, and serves everything else."""
     data = tmp_path / "data"
     with _debug_server(data) as first, _debug_server(data) as second:
+        # reading an unused Batch API creates nothing
+        assert httpx.get(first.base_url + "/batches").json()["data"] == []
+        assert httpx.get(first.base_url + "/files").json()["data"] == []
+        assert httpx.get(first.base_url + "/batches/batch_x").status_code == 404
+        assert not data.exists()
         upload = {"file": ("a.jsonl", _line("a", {"model": "debug", "input": "x"}))}
         ok = httpx.post(first.base_url + "/files", files=upload, data={"purpose": "batch"})
         assert ok.status_code == 200

@@ -130,14 +130,19 @@ async def list_files(request: Request) -> Response:
     order = q.get("order", "desc")
     if order not in ("asc", "desc"):
         raise BadRequest("'order' must be 'asc' or 'desc'.", param="order")
-    data, more = _service(request).store.files(
-        purpose=q.get("purpose"), after=q.get("after"), limit=_limit(request, 100), order=order
+    limit = _limit(request, 100)
+    store = _service(request).existing_store()
+    if store is None:
+        return _page([], False)
+    data, more = store.files(
+        purpose=q.get("purpose"), after=q.get("after"), limit=limit, order=order
     )
     return _page(data, more)
 
 
 def _file(request: Request, file_id: str) -> dict[str, Any]:
-    found = _service(request).store.file(file_id)
+    store = _service(request).existing_store()
+    found = store.file(file_id) if store is not None else None
     if found is None:
         raise NotFound(f"No such file: {file_id!r}.", param="file_id", code="file_not_found")
     return found
@@ -180,7 +185,8 @@ async def create_batch(request: Request) -> Response:
     """Start a batch over an uploaded file's lines."""
     service = _service(request)
     body = await read_body(request, BatchCreateRequest)
-    found = service.store.file(body.input_file_id)
+    store = service.existing_store()
+    found = store.file(body.input_file_id) if store is not None else None
     if found is None:
         raise BadRequest(
             f"No such file: {body.input_file_id!r}.",
@@ -218,7 +224,8 @@ async def create_batch(request: Request) -> Response:
 
 
 def _batch(request: Request, batch_id: str) -> dict[str, Any]:
-    found = _service(request).store.batch(batch_id)
+    store = _service(request).existing_store()
+    found = store.batch(batch_id) if store is not None else None
     if found is None:
         raise NotFound(f"No such batch: {batch_id!r}.", param="batch_id", code="batch_not_found")
     return found
@@ -231,9 +238,11 @@ async def retrieve_batch(batch_id: str, request: Request) -> Response:
 
 @router.get("/batches", responses=ERROR_RESPONSES)
 async def list_batches(request: Request) -> Response:
-    data, more = _service(request).store.batches(
-        after=request.query_params.get("after"), limit=_limit(request)
-    )
+    limit = _limit(request)
+    store = _service(request).existing_store()
+    if store is None:
+        return _page([], False)
+    data, more = store.batches(after=request.query_params.get("after"), limit=limit)
     return _page(data, more)
 
 

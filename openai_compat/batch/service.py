@@ -49,6 +49,12 @@ class BatchService:
     def store(self) -> Store:
         return self._lazy_store()
 
+    def existing_store(self) -> Store | None:
+        """The store if the Batch API was ever used here (reads create nothing)."""
+        if self._store is None and not (self.settings.data() / "batch.sqlite3").exists():
+            return None
+        return self._lazy_store()
+
     def _live(self) -> int:
         return max(0, self.lifecycle.inflight - self.inflight)
 
