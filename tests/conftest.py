@@ -3,6 +3,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from tests.utils import SERVER_ENV, RemoteServer
 # Nothing in the test process may reach a model hub.
 for _k, _v in SERVER_ENV.items():
     os.environ.setdefault(_k, _v)
+# In-process apps keep any Batch API state out of the user's real data dir.
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="openai-compat-test-xdg-")
 # Nor the network through a client library: litellm fetches its price list from GitHub at
 # import, Haystack sends telemetry.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -52,7 +52,15 @@ class RemoteServer:
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop()
             prefix="openai-compat-", suffix=".log", delete=False
         )
-        full_env = {**os.environ, **SERVER_ENV, **(env or {})}
+        # Each server its own Batch API data dir (a --data-dir argument still wins): servers
+        # sharing one would contend for its lock.
+        self.data_dir = tempfile.mkdtemp(prefix="openai-compat-data-")
+        full_env = {
+            **os.environ,
+            **SERVER_ENV,
+            "OPENAI_COMPAT_DATA_DIR": self.data_dir,
+            **(env or {}),
+        }
         self.proc = subprocess.Popen(
             [
                 sys.executable,
