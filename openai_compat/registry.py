@@ -291,6 +291,14 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
     return engine
 
 
+async def _probe(engine: Any, counter: TokenCounter | None) -> tuple[list[Any], bool]:
+    """One embedding through the engine; and whether the token count the engine reported
+    for it (if any) matches the model's tokenizer (only then is it trusted)."""
+    vectors, _ = await engine.embed(["dimension probe"])
+    expected = await counter.usage(["dimension probe"], truncate=True) if counter else None
+    return vectors, adapter.engine_token_count(vectors) == expected
+
+
 async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | None) -> ModelEntry:
     """Inspect a started engine: capabilities, size, tokenizer, the limit it applies."""
     problems = adapter.contract_problems(engine)
@@ -322,15 +330,11 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         # A SPLADE model (create_engine): sparse vectors, and rerank by their dot product.
         caps = (caps - {"embed"}) | {"sparse", "rerank"}
         dimensions = sparse_size
-        vectors, _ = await engine.embed(["dimension probe"])
-        expected = await counter.usage(["dimension probe"], truncate=True) if counter else None
-        engine_counts = adapter.engine_token_count(vectors) == expected
+        vectors, engine_counts = await _probe(engine, counter)
     elif "embed" in caps:
         counting = adapter.count_tokens_in_engine(replica)
-        vectors, _ = await engine.embed(["dimension probe"])
-        # Trust the engine's counts only if they arrive and match the model's tokenizer.
-        expected = await counter.usage(["dimension probe"], truncate=True) if counter else None
-        engine_counts = counting and adapter.engine_token_count(vectors) == expected
+        vectors, counts_match = await _probe(engine, counter)
+        engine_counts = counting and counts_match
         raw_output = adapter.raw_vectors(vectors) is not None
         probe = np.asarray(vectors[0])
         dimensions = int(probe.shape[-1])

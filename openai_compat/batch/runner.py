@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -55,7 +55,6 @@ class Gate:
 
     live: Callable[[], int] = lambda: 0
     stopping: Callable[[], bool] = lambda: False
-    own: int = field(default=0)
 
     async def wait(self) -> None:
         deadline = time.monotonic() + MAX_YIELD

@@ -19,7 +19,6 @@ from openai_compat.api.infinity.protocol import (
 )
 from openai_compat.api.tei.routes import raw_score
 from openai_compat.encoding import embedding_payload, orjson_response
-from openai_compat.engine import adapter
 from openai_compat.errors import BadRequest
 from openai_compat.inference import check_top_n, classify_texts, embed_media, rerank_texts
 from openai_compat.media import Modality
@@ -113,7 +112,7 @@ async def infinity_models(request: Request) -> Response:
     settings = settings_of(request)
     data = []
     for card, entry in model_cards(ready_registry(request)):
-        queued = adapter.queue_length(entry.engine)
+        queued = entry.engine_queue()
         limit = settings.max_queued_inputs
         stats = {
             "queue_fraction": queued / limit if limit else 0.0,

@@ -27,6 +27,7 @@ from openai_compat.api.tei.protocol import (
 from openai_compat.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.errors import BadRequest, set_family
 from openai_compat.inference import (
+    EmbedResult,
     check_count,
     check_dimensions,
     check_raw_output,
@@ -55,12 +56,11 @@ def _model(request: Request, capability: Capability, *, or_first: bool = False) 
     return ready_registry(request).default(capability, or_first=or_first)
 
 
-async def tei_embed(request: Request, body: TeiEmbedRequest) -> Response:
-    entry = _model(request, "embed")
+async def _embed(
+    request: Request, entry: ModelEntry, body: TeiEmbedRequest | TeiEmbedSparseRequest
+) -> EmbedResult:
+    """TEI's inputs, prompt and truncation (Left keeps the end) through the engine, noted."""
     settings = settings_of(request)
-    if not body.normalize:
-        check_raw_output(entry)
-    check_dimensions(body.dimensions, entry)
     texts = await texts_from_input(body.inputs, entry, settings, "inputs")
     prompt = entry.prompts.choose(entry.name, prompt_name=body.prompt_name)
     if body.truncation_direction.lower() == "left" and body.truncate is not False:
@@ -70,6 +70,15 @@ async def tei_embed(request: Request, body: TeiEmbedRequest) -> Response:
             entry, texts, settings, _INPUTS, prompt=prompt, truncate=body.truncate
         )
     note(request, entry.name, len(texts), result.tokens)
+    return result
+
+
+async def tei_embed(request: Request, body: TeiEmbedRequest) -> Response:
+    entry = _model(request, "embed")
+    if not body.normalize:
+        check_raw_output(entry)
+    check_dimensions(body.dimensions, entry)
+    result = await _embed(request, entry, body)
     if not body.normalize:  # the model's own output, cut to `dimensions` and left as it is
         return orjson_response(list(raw_matrix(result.vectors)[:, : body.dimensions]))
     return orjson_response(list(truncate_dimensions(as_matrix(result.vectors), body.dimensions)))
@@ -90,17 +99,8 @@ async def embed_sparse(request: Request) -> Response:
 async def _embed_sparse(
     request: Request, entry: ModelEntry, body: TeiEmbedSparseRequest
 ) -> Response:
-    settings = settings_of(request)
-    texts = await texts_from_input(body.inputs, entry, settings, "inputs")
-    prompt = entry.prompts.choose(entry.name, prompt_name=body.prompt_name)
-    if body.truncation_direction.lower() == "left" and body.truncate is not False:
-        result = await embed_fitted(entry, texts, settings, _INPUTS, prompt=prompt, keep="end")
-    else:
-        result = await embed_texts(
-            entry, texts, settings, _INPUTS, prompt=prompt, truncate=body.truncate
-        )
+    result = await _embed(request, entry, body)
     check_sparse_finite(result.vectors)
-    note(request, entry.name, len(texts), result.tokens)
     return orjson_response(
         [
             [
