@@ -144,7 +144,8 @@ def serve(settings: Settings) -> int:
 
 def download(settings: Settings) -> int:
     """Fetch every hub model of the configuration into the Hugging Face cache, and make the
-    ONNX exports of models served with engine = "onnx", so replicas start without either."""
+    exports of models served with engine = "onnx" or "openvino", so replicas start without
+    either."""
     from huggingface_hub import snapshot_download
 
     from openai_compat.engine import backends

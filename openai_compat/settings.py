@@ -54,8 +54,9 @@ class ModelConfig(BaseModel):
     aliases: tuple[str, ...] = Field((), description="Other names clients may use.")
     engine: str = Field(
         "torch",
-        description="torch (infinity-emb's default), onnx (ONNX Runtime on CPU, exported once "
-        "and cached), or another infinity-emb engine: optimum, debugengine...",
+        description="torch (infinity-emb's default), onnx (ONNX Runtime on CPU) or openvino "
+        "(OpenVINO on CPU; both exported once and cached), or another infinity-emb engine: "
+        "optimum, debugengine...",
     )
     kind: Literal["auto", "dense", "sparse"] = Field(
         "auto",
@@ -63,7 +64,9 @@ class ModelConfig(BaseModel):
         "for a local folder whose config.json names a ...ForMaskedLM architecture.",
     )
     quantize: Literal["int8"] | None = Field(
-        None, description="With engine = 'onnx': 'int8' serves a dynamically quantised export."
+        None,
+        description="With engine = 'onnx': 'int8' serves a dynamically quantised export; with "
+        "engine = 'openvino' a statically quantised one (calibrated on a fixed text set).",
     )
     device: str = Field("auto", description="cpu, cuda, mps or auto.")
     batch_size: int = Field(32, ge=1, le=65536, description="Maximum dynamic batch size.")
@@ -123,8 +126,8 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _quantize_needs_a_backend(self) -> ModelConfig:
-        if self.quantize is not None and self.engine != "onnx":
-            raise ValueError("quantize applies to engine = 'onnx' only")
+        if self.quantize is not None and self.engine not in ("onnx", "openvino"):
+            raise ValueError("quantize applies to engine = 'onnx' or 'openvino' only")
         return self
 
     @model_validator(mode="after")
@@ -250,7 +253,8 @@ class Settings(BaseModel):
     )
     export_dir: Path | None = _opt(
         None,
-        "Where ONNX exports of models are cached (default: $HF_HOME/openai-compat-exports).",
+        "Where ONNX/OpenVINO exports of models are cached (default: "
+        "$HF_HOME/openai-compat-exports).",
     )
     data_dir: Path | None = _opt(
         None,

@@ -52,10 +52,12 @@ MODEL_SETTINGS = {
     # reference stays the torch engine, the number they have to beat.
     "minilm-onnx": ("all-MiniLM-L6-v2", "builtin:all-MiniLM-L6-v2", None, "onnx", 32),
     "minilm-int8": ("all-MiniLM-L6-v2", "builtin:all-MiniLM-L6-v2", None, "onnx-int8", 32),
+    "minilm-openvino": ("all-MiniLM-L6-v2", "builtin:all-MiniLM-L6-v2", None, "openvino", 32),
+    "minilm-ov-int8": ("all-MiniLM-L6-v2", "builtin:all-MiniLM-L6-v2", None, "openvino-int8", 32),
 }
+BACKEND_SETTINGS = {"minilm-onnx", "minilm-int8", "minilm-openvino", "minilm-ov-int8"}
 # What the in-process ceiling runs for a setting (infinity-emb engine name).
-INPROCESS = {"debug": "debug", "minilm": "minilm", "minilm-onnx": "minilm", "minilm-int8": "minilm"}
-BACKEND_SETTINGS = {"minilm-onnx", "minilm-int8"}
+INPROCESS = {"debug": "debug", "minilm": "minilm"} | {s: "minilm" for s in BACKEND_SETTINGS}
 
 # Set by main(): the CPUs for servers and in-process engines (the generator has the rest).
 SERVER_CPUS: set[int] = set()
@@ -195,8 +197,8 @@ def start_ours(
     served, source, _, engine, batch = MODEL_SETTINGS[setting]
     cfg = workdir / f"ours-{setting}.toml"
     quantize = ""
-    if engine == "onnx-int8":
-        engine, quantize = "onnx", 'quantize = "int8"\n'
+    if engine.endswith("-int8"):
+        engine, quantize = engine.removesuffix("-int8"), 'quantize = "int8"\n'
     cfg.write_text(
         f'export_dir = "{workdir / "exports"}"\n'
         f'[[models]]\nname = "{served}"\nmodel = "{source}"\nengine = "{engine}"\n'

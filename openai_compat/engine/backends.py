@@ -1,16 +1,21 @@
-"""CPU backends for text-embedding models: ONNX Runtime, optionally int8-quantised.
+"""CPU backends for text-embedding models: ONNX Runtime and OpenVINO, optionally int8.
 
 infinity-emb's own `optimum` engine cannot export (it needs a `.onnx` file already in the
 model folder) and breaks with the pinned torch, so exports go through sentence-transformers'
-`backend="onnx"` (optimum's exporter), are optimised (fp32, ORT level O3) or dynamically
-quantised to int8, and are cached on disk. The served model is infinity-emb's torch
-embedder, for its dynamic batching, with its transformer module swapped for the ONNX one
-(engine/adapter.py); tokenisation, pooling and normalisation stay sentence-transformers'.
+`backend="onnx"` / `backend="openvino"` (optimum's and optimum-intel's exporters) and are
+cached on disk:
+- onnx: optimised (fp32, ORT level O3) or dynamically quantised to int8 for this CPU;
+- openvino: the IR as exported (fp32), or statically quantised to int8 by NNCF, calibrated
+  on the same fixed text set that calibrates the int8 embedding types (compact.py), so an
+  export never needs a dataset download.
+The served model is infinity-emb's torch embedder, for its dynamic batching, with its
+transformer module swapped for the exported one (engine/adapter.py); tokenisation, pooling
+and normalisation stay sentence-transformers'.
 
 Cache: `<export dir>/<model name>-<key>/`, a complete sentence-transformers folder with
-`onnx/<file>.onnx`; the key hashes the source, revision, backend and the model's config, so
-a changed model is exported anew. Written to a temporary folder and renamed into place, so
-a crash mid-export leaves no half cache.
+`onnx/<file>.onnx` or `openvino/<file>.xml`; the key hashes the source, revision, backend,
+quantisation and the model's config, so a changed model is exported anew. Written to a
+temporary folder and renamed into place, so a crash mid-export leaves no half cache.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import logging
 import os
 import platform
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,15 +36,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("openai_compat")
 
-Backend = Literal["onnx"]
-BACKENDS: tuple[str, ...] = ("onnx",)
+Backend = Literal["onnx", "openvino"]
+BACKENDS: tuple[str, ...] = ("onnx", "openvino")
 OPTIMIZATION = "O3"  # ORT graph fusions incl. fast GELU; cosine to torch 1.0000 on MiniLM
+OPENVINO_FP32 = "openvino_model.xml"  # what sentence-transformers' save_pretrained writes
+OPENVINO_INT8 = "openvino_model_qint8_quantized.xml"  # sentence-transformers' naming
 
 
 @dataclass(frozen=True)
 class Export:
     folder: Path
     file_name: str  # relative to folder, e.g. "onnx/model_O3.onnx"
+    backend: Backend = "onnx"
 
 
 def default_export_dir() -> Path:
@@ -71,7 +81,11 @@ def _key(source: str, revision: str | None, backend: str, quantize: str | None) 
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
-def _find(folder: Path, quantize: str | None) -> str | None:
+def _find(folder: Path, backend: str, quantize: str | None) -> str | None:
+    if backend == "openvino":
+        xml = folder / "openvino" / (OPENVINO_INT8 if quantize else OPENVINO_FP32)
+        complete = xml.is_file() and xml.with_suffix(".bin").is_file()
+        return f"openvino/{xml.name}" if complete else None
     onnx = folder / "onnx"
     if not onnx.is_dir():
         return None
@@ -96,38 +110,115 @@ def prepare(
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
     slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     folder = export_dir / f"{slug}-{_key(source, revision, backend, quantize)}"
-    found = _find(folder, quantize)
+    kind: Backend = "openvino" if backend == "openvino" else "onnx"
+    found = _find(folder, kind, quantize)
     if found is not None:
-        return Export(folder, found)
-    from sentence_transformers import (
-        SentenceTransformer,
-        export_dynamic_quantized_onnx_model,
-        export_optimized_onnx_model,
-    )
-
+        return Export(folder, found, kind)
+    label = {"onnx": "ONNX", "openvino": "OpenVINO"}[backend]
     logger.info(
-        "exporting %r to ONNX%s (once; cached in %s)", name, " int8" if quantize else "", folder
+        "exporting %r to %s%s (once; cached in %s)",
+        name,
+        label,
+        " int8" if quantize else "",
+        folder,
     )
     export_dir.mkdir(parents=True, exist_ok=True)
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        model = SentenceTransformer(source, backend="onnx", device="cpu", revision=revision)
-        model.save_pretrained(str(tmp))
-        if quantize:
-            export_dynamic_quantized_onnx_model(model, quantization_target(), str(tmp))
+        if backend == "openvino":
+            _export_openvino(source, revision, quantize, tmp)
         else:
-            export_optimized_onnx_model(model, OPTIMIZATION, str(tmp))
+            _export_onnx(source, revision, quantize, tmp)
         try:
             tmp.rename(folder)
         except OSError:  # another process finished the same export first
             shutil.rmtree(tmp, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    found = _find(folder, quantize)
+    found = _find(folder, kind, quantize)
     if found is None:
-        raise RuntimeError(f"the ONNX export of {name!r} produced no model file in {folder}")
-    return Export(folder, found)
+        raise RuntimeError(f"the {label} export of {name!r} produced no model file in {folder}")
+    return Export(folder, found, kind)
+
+
+def _export_onnx(source: str, revision: str | None, quantize: str | None, tmp: Path) -> None:
+    from sentence_transformers import (
+        SentenceTransformer,
+        export_dynamic_quantized_onnx_model,
+        export_optimized_onnx_model,
+    )
+
+    model = SentenceTransformer(source, backend="onnx", device="cpu", revision=revision)
+    model.save_pretrained(str(tmp))
+    if quantize:
+        export_dynamic_quantized_onnx_model(model, quantization_target(), str(tmp))
+    else:
+        export_optimized_onnx_model(model, OPTIMIZATION, str(tmp))
+
+
+def _export_openvino(source: str, revision: str | None, quantize: str | None, tmp: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    with _openvino_telemetry_declined():
+        model = SentenceTransformer(source, backend="openvino", device="cpu", revision=revision)
+        model.save_pretrained(str(tmp))
+        if quantize:
+            _quantize_openvino(model[0], tmp / "openvino" / OPENVINO_INT8)
+
+
+def _quantize_openvino(module: Any, target: Path) -> None:
+    """Static int8 (activations and weights) with NNCF's transformer preset (SmoothQuant, fast
+    bias correction), calibrated on the fixed calibration texts one at a time, so each sees
+    its own length."""
+    import nncf
+    import openvino
+
+    from openai_compat.compact import CALIBRATION_TEXTS
+
+    graph = module.auto_model.model  # the openvino.Model inside optimum-intel's wrapper
+    names = {port.get_any_name() for port in graph.inputs}
+    items = []
+    for text in CALIBRATION_TEXTS:
+        encoded = module.tokenizer(
+            [text],
+            return_tensors="np",
+            truncation=True,
+            max_length=module.max_seq_length,
+        )
+        items.append({k: v for k, v in encoded.items() if k in names})
+    quantized = nncf.quantize(
+        graph,
+        nncf.Dataset(items),
+        model_type=nncf.ModelType.TRANSFORMER,
+        subset_size=len(items),
+    )
+    openvino.save_model(quantized, str(target))
+
+
+@contextmanager
+def _openvino_telemetry_declined() -> Iterator[None]:
+    """OpenVINO's converter and NNCF report usage to Intel unless the user opted out (their
+    consent file). Like infinity-emb's reporting (cli.py), it stays off unless the user has
+    turned tracking on (DO_NOT_TRACK unset or 0)."""
+    if os.environ.get("DO_NOT_TRACK", "0") in ("", "0"):
+        yield
+        return
+    try:
+        from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
+    except ImportError:
+        yield
+        return
+    original = OptInChecker.check
+
+    def declined(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return ConsentCheckResult.DECLINED
+
+    OptInChecker.check = declined
+    try:
+        yield
+    finally:
+        OptInChecker.check = original
 
 
 def prepare_for(config: ModelConfig, export_dir: Path) -> Export:
@@ -148,7 +239,7 @@ def load_module(export: Export) -> Any:
 
     model = SentenceTransformer(
         str(export.folder),
-        backend="onnx",
+        backend=export.backend,
         device="cpu",
         model_kwargs={"file_name": export.file_name},
     )
