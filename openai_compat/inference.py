@@ -122,15 +122,15 @@ async def embed_texts(
             # Measure first: over-long input is refused before it costs engine time, and
             # huge texts reach the engine cut a few tokens past the model's limit.
             tokens, prepared = await counter.prepare(texts, truncate=truncate, names=names)
-            vectors, usage = await entry.engine.embed(prepared)
+            vectors, usage = await entry.embed(prepared)
             exact = settings.count_tokens or not truncate
             return EmbedResult(vectors, tokens if exact else int(usage))
         if counter is None or not settings.count_tokens or entry.engine_counts:
-            vectors, usage = await entry.engine.embed(list(texts))
+            vectors, usage = await entry.embed(list(texts))
             counted = adapter.engine_token_count(vectors) if settings.count_tokens else None
             return EmbedResult(vectors, int(usage) if counted is None else counted)
         tokens, (vectors, _) = await asyncio.gather(
-            counter.usage(texts, truncate=True), entry.engine.embed(list(texts))
+            counter.usage(texts, truncate=True), entry.embed(list(texts))
         )
         return EmbedResult(vectors, tokens)
 

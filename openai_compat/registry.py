@@ -14,6 +14,7 @@ import numpy as np
 
 from openai_compat.compact import CALIBRATION_TEXTS, Quantizer
 from openai_compat.engine import adapter
+from openai_compat.engine.feeder import Feeder
 from openai_compat.errors import BadRequest, ModelNotFound, RateLimited
 from openai_compat.lifecycle import in_daemon_thread
 from openai_compat.prompts import Prompts
@@ -59,6 +60,7 @@ class ModelEntry:
     cosine_rerank: bool = False  # reranks by embedding similarity (no cross-encoder)
     prompts: Prompts = field(default_factory=Prompts)
     quantizer: Quantizer | None = None  # int8/uint8 ranges (see compact.py)
+    feeder: Feeder | None = None  # embed calls in length-sorted waves (engine/feeder.py)
     queued: int = 0  # inputs admitted and not yet answered
     inflight: int = 0  # requests being served
     created: int = field(default_factory=lambda: int(time.time()))
@@ -103,8 +105,17 @@ class ModelEntry:
         return self.counter
 
     def engine_queue(self) -> int:
-        """Items waiting in infinity-emb's batching queue."""
-        return adapter.queue_length(self.engine)
+        """Inputs waiting for the model: in infinity-emb's batching queue, and held by the
+        feeder for its next wave."""
+        held = self.feeder.waiting if self.feeder is not None else 0
+        return adapter.queue_length(self.engine) + held
+
+    async def embed(self, texts: list[str]) -> tuple[list[Any], int]:
+        """The engine's embed (vectors, usage), through the feeder where there is one."""
+        if self.feeder is not None:
+            return await self.feeder.embed(texts)
+        result: tuple[list[Any], int] = await self.engine.embed(texts)
+        return result
 
     def alive(self) -> bool:
         """False once the engine's batching machinery has died."""
@@ -364,6 +375,9 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         sparse=sparse_size is not None,
         prompts=prompts,
         quantizer=quantizer,
+        feeder=Feeder(engine, config.batch_size)
+        if config.wave_batching and ("embed" in native or sparse_size is not None)
+        else None,
     )
 
 
@@ -437,5 +451,7 @@ async def stop_engines(registry: Registry) -> None:
     for entry in registry.entries():
         if entry.logits is not None:
             entry.logits.close()
+        if entry.feeder is not None:
+            entry.feeder.close()
     engines, registry.engines = registry.engines, []
     await AsyncEngineArray(engines=engines).astop()

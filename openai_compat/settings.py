@@ -75,6 +75,12 @@ class ModelConfig(BaseModel):
     dtype: str = Field("auto", description="float32, float16, bfloat16, int8, fp8 or auto.")
     pooling_method: str = Field("auto", description="mean, cls or auto.")
     model_warmup: bool = Field(True, description="Warm the model up before /ready turns 200.")
+    wave_batching: bool = Field(
+        True,
+        description="Embedding models: while the engine works, hold new requests and hand "
+        "them over together, sorted by length into full batches (more throughput under "
+        "load, no wait for a lone client); false: each request goes straight to the engine.",
+    )
     compile: bool = Field(False, description="torch.compile the model.")
     bettertransformer: bool = Field(True, description="Use BetterTransformer where possible.")
     max_length: int | None = Field(

@@ -192,10 +192,14 @@ def _start(name: str, cmd: list[str], port: int, workdir: Path) -> Server:
 
 
 def start_ours(
-    setting: str, workdir: Path, count_tokens: bool = True, extra: tuple[str, ...] = ()
+    setting: str,
+    workdir: Path,
+    count_tokens: bool = True,
+    extra: tuple[str, ...] = (),
+    waves: bool = True,
 ) -> Server:
     served, source, _, engine, batch = MODEL_SETTINGS[setting]
-    cfg = workdir / f"ours-{setting}.toml"
+    cfg = workdir / f"ours-{setting}{'' if waves else '-direct'}.toml"
     quantize = ""
     if engine.endswith("-int8"):
         engine, quantize = engine.removesuffix("-int8"), 'quantize = "int8"\n'
@@ -203,6 +207,7 @@ def start_ours(
         f'export_dir = "{workdir / "exports"}"\n'
         f'[[models]]\nname = "{served}"\nmodel = "{source}"\nengine = "{engine}"\n'
         f'device = "cpu"\nbatch_size = {batch}\n{quantize}'
+        + ("" if waves else "wave_batching = false\n")
     )
     port = free_port()
     cmd = [sys.executable, "-m", "openai_compat", "serve", "--host", "127.0.0.1"]
@@ -214,6 +219,8 @@ def start_ours(
         cmd.append("--no-count-tokens")
     cmd += extra
     name = "ours" if count_tokens else "ours-nocount"
+    if not waves:
+        name = "ours-direct"
     return _start(name, cmd, port, workdir)
 
 
@@ -519,17 +526,16 @@ def print_table(results: list[Result]) -> list[dict[str, Any]]:
     rows = []
     for sc in order:
         systems = by[sc.key]
-        ours = systems.get("ours", [])
         for name, rs in systems.items():
             rps_all = [r.rps for r in rs]
             rps = statistics.median(rps_all)
             spread = f"{min(rps_all):.1f}-{max(rps_all):.1f}"
             cells: dict[str, str] = {}
             ratios: dict[str, dict[str, float]] = {}
-            if name == "ours":
+            if name.startswith("ours"):  # ours and its variants (ours-nocount, ours-direct)
                 for other in ("infinity", "inprocess"):
                     if other in systems:
-                        per_round = _round_ratios(ours, systems[other])
+                        per_round = _round_ratios(rs, systems[other])
                         med = rps / statistics.median(r.rps for r in systems[other])
                         cells[other] = (
                             f"{med:.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"
@@ -641,6 +647,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also run ours with --no-count-tokens to price usage counting",
     )
     p.add_argument(
+        "--waves-cost",
+        action="store_true",
+        help="also run ours with wave_batching = false (each request straight to the engine)",
+    )
+    p.add_argument(
         "--cold-start", type=int, default=0, help="rounds of time-to-ready, ours vs infinity"
     )
     p.add_argument("--gen-cpus", default=None, help="CPUs of the load generator (e.g. 1)")
@@ -724,6 +735,8 @@ async def run(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[st
                 )
             if args.count_tokens_cost and setting == "minilm":
                 servers["ours-nocount"] = start_ours(setting, workdir, count_tokens=False)
+            if args.waves_cost:
+                servers["ours-direct"] = start_ours(setting, workdir, waves=False)
             if "infinity" in args.systems and setting not in BACKEND_SETTINGS:
                 servers["infinity"] = (
                     Server("infinity", args.infinity_url)

@@ -379,6 +379,12 @@ def raw_vectors(vectors: Sequence[Any]) -> list[np.ndarray] | None:
     return raw
 
 
+def length_estimate(texts: Sequence[str]) -> int:
+    """The usage infinity-emb reports where it does not tokenise (lengths_via_tokenize off):
+    the inputs' character lengths."""
+    return sum(len(t) for t in texts)
+
+
 def engine_token_count(vectors: Sequence[Any]) -> int | None:
     """Tokens the engine counted for these embeddings; None if it did not count them."""
     total = 0
