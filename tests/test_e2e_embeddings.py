@@ -197,3 +197,31 @@ def test_one_long_token_id_array_is_one_input(client, st_model) -> None:  # type
     resp = client.embeddings.create(model=MODEL, input=ids, encoding_format="float")
     assert len(resp.data) == 1 and resp.usage.prompt_tokens == 256  # truncated, one input
     _assert_matches(resp.data[0].embedding, st_model.encode(enc.decode(ids)))
+
+
+def test_concurrent_requests_each_get_their_own_vectors(client, st_model) -> None:  # type: ignore[no-untyped-def]
+    """Requests that meet in one engine wave (engine/feeder.py) are sorted and cut into
+    batches together; each still gets exactly its own inputs' vectors, in its order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    words = ["river", "engine", "violin", "harbour", "pepper", "glacier", "lantern", "orbit"]
+    groups = [
+        [
+            f"{words[(i + j) % len(words)]} " * (1 + (i * 7 + j * 3) % 11) + f"no. {i}.{j}"
+            for j in range(1 + (i * 5) % 13)
+        ]
+        for i in range(16)
+    ]
+
+    def ask(group: list[str]) -> list[list[float]]:
+        resp = client.embeddings.create(model=MODEL, input=group, encoding_format="float")
+        return [d.embedding for d in resp.data]
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, groups))
+    flat = [t for g in groups for t in g]
+    want = dict(zip(flat, st_model.encode(flat, normalize_embeddings=True), strict=True))
+    for group, got in zip(groups, answers, strict=True):
+        assert len(got) == len(group)
+        for text, vector in zip(group, got, strict=True):
+            _assert_matches(vector, want[text])

@@ -107,8 +107,11 @@ class Feeder:
         elif len(self._pending) >= self._expect:
             self._release()
         elif self._timer is None:
-            pause = min(GATHER_MAX_S, GATHER_FRACTION * self._wave_s)
-            self._timer = asyncio.get_running_loop().call_later(pause, self._gathered)
+            self._timer = asyncio.get_running_loop().call_later(self._pause(), self._gathered)
+
+    def _pause(self) -> float:
+        """How long a wave waits for callers that are expected but not back yet."""
+        return min(GATHER_MAX_S, GATHER_FRACTION * self._wave_s)
 
     def _gathered(self) -> None:
         self._timer = None

@@ -1,0 +1,290 @@
+"""engine/feeder.py on a scripted engine: waves, length-sorted chunks, gathering, the window,
+cancellation and errors. Each engine call waits until the test releases it, so the order of
+events is the test's, not the machine's speed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from openai_compat.engine import feeder as feeder_module
+from openai_compat.engine.adapter import TokenCountedArray
+from openai_compat.engine.feeder import Feeder
+
+
+class ScriptedEngine:
+    """embed(texts) records the call and waits until `finish(n)` lets it return; a text's
+    vector is [its length, its number], numbers taken from the text's trailing digits."""
+
+    def __init__(self, tokens: bool = False) -> None:
+        self.calls: list[list[str]] = []
+        self._gates: list[asyncio.Event] = []
+        self.fail: set[int] = set()  # call numbers that raise
+        self.tokens = tokens
+
+    async def embed(self, texts: list[str]) -> tuple[list[Any], int]:
+        n = len(self.calls)
+        self.calls.append(list(texts))
+        gate = asyncio.Event()
+        self._gates.append(gate)
+        await gate.wait()
+        if n in self.fail:
+            raise RuntimeError(f"engine call {n} failed")
+        vectors: list[Any] = []
+        for t in texts:
+            v = np.array([len(t), number(t)], dtype=np.float32)
+            if self.tokens:
+                v = v.view(TokenCountedArray)
+                v.tokens = len(t.split())
+            vectors.append(v)
+        return vectors, sum(len(t) for t in texts)
+
+    def finish(self, n: int) -> None:
+        self._gates[n].set()
+
+
+def number(text: str) -> int:
+    digits = "".join(c for c in text if c.isdigit())
+    return int(digits) if digits else -1
+
+
+async def settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+def texts(prefix: str, lengths: list[int], start: int) -> list[str]:
+    """Texts of the given extra lengths, each ending in a unique number."""
+    return [prefix + "x" * extra + f" {start + i}" for i, extra in enumerate(lengths)]
+
+
+def check(result: tuple[list[Any], int], sent: list[str]) -> None:
+    vectors, usage = result
+    assert [int(v[1]) for v in vectors] == [number(t) for t in sent]  # own inputs, own order
+    assert [int(v[0]) for v in vectors] == [len(t) for t in sent]
+    assert usage == sum(len(t) for t in sent)  # infinity-emb's estimate: characters
+
+
+async def test_a_lone_call_goes_straight_to_the_engine() -> None:
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=4)
+    sent = texts("a", [3, 1, 2], 0)
+    task = asyncio.ensure_future(feeder.embed(sent))
+    await settle()
+    assert engine.calls == [sorted(sent, key=len)]  # one chunk, sorted like infinity-emb
+    engine.finish(0)
+    check(await task, sent)
+
+
+async def test_calls_arriving_during_a_wave_wait_and_go_together_sorted_in_full_batches() -> None:
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=4)
+    first = asyncio.ensure_future(feeder.embed(texts("a", [0], 0)))
+    await settle()
+    assert len(engine.calls) == 1
+    later = [texts("b", [5, 0, 9], 10), texts("c", [2, 7], 20), texts("d", [1, 8, 3], 30)]
+    tasks = [asyncio.ensure_future(feeder.embed(t)) for t in later]
+    await settle()
+    assert len(engine.calls) == 1 and feeder.waiting == 8  # held while the engine works
+    engine.finish(0)
+    check(await first, texts("a", [0], 0))
+    await settle()
+    # one wave: all 8 inputs sorted by length, cut at the batch size, handed over at once
+    everything = sorted((t for group in later for t in group), key=len)
+    assert engine.calls[1:] == [everything[:4], everything[4:]]
+    assert feeder.waiting == 0
+    engine.finish(1)
+    await settle()
+    # the shortest chunk holds the whole of no call: nobody is answered yet
+    assert not any(t.done() for t in tasks)
+    engine.finish(2)
+    for task, sent in zip(tasks, later, strict=True):
+        check(await task, sent)
+
+
+async def test_a_call_is_answered_when_its_own_chunks_are_done() -> None:
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=2)
+    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
+    await settle()
+    short = texts("s", [0, 0], 10)
+    long = texts("l", [20, 20], 20)
+    t_short = asyncio.ensure_future(feeder.embed(short))
+    t_long = asyncio.ensure_future(feeder.embed(long))
+    engine.finish(0)
+    await blocker
+    await settle()
+    assert engine.calls[1:] == [short, long]
+    engine.finish(1)
+    check(await t_short, short)
+    assert not t_long.done()
+    engine.finish(2)
+    check(await t_long, long)
+
+
+async def test_the_next_wave_gathers_the_callers_expected_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Four clients in a loop: whoever was answered, and whoever waited meanwhile, is
+    expected in the next wave; it goes when they are all here (not one by one)."""
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=8)
+    monkeypatch.setattr(feeder, "_pause", lambda: 30.0)  # only the count releases here
+    first = asyncio.ensure_future(feeder.embed(["a 0"]))
+    await settle()
+    others = [asyncio.ensure_future(feeder.embed([f"{c} 0"])) for c in "bcd"]
+    engine.finish(0)
+    await first
+    await settle()
+    assert len(engine.calls) == 1  # b, c, d wait for a, whose answer just left
+    again = asyncio.ensure_future(feeder.embed(["a 1"]))
+    await settle()
+    assert len(engine.calls) == 2 and sorted(engine.calls[1]) == ["a 1", "b 0", "c 0", "d 0"]
+    engine.finish(1)
+    await asyncio.gather(again, *others)
+    back = [asyncio.ensure_future(feeder.embed(["a 2"]))]
+    await settle()
+    assert len(engine.calls) == 2  # one of four is back: wait for the rest
+    back += [asyncio.ensure_future(feeder.embed([f"{c} 2"])) for c in "bc"]
+    await settle()
+    assert len(engine.calls) == 2
+    back.append(asyncio.ensure_future(feeder.embed(["d 2"])))
+    await settle()
+    assert len(engine.calls) == 3 and len(engine.calls[2]) == 4
+    engine.finish(2)
+    await asyncio.gather(*back)
+
+
+async def test_a_missing_caller_costs_at_most_the_gathering_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=8)
+    monkeypatch.setattr(feeder, "_pause", lambda: 0.05)
+    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
+    await settle()
+    pair = [asyncio.ensure_future(feeder.embed([f"p {i}"])) for i in (1, 2)]
+    engine.finish(0)
+    await blocker
+    await settle()
+    assert len(engine.calls) == 1  # waiting for the blocker's client to come back...
+    await asyncio.sleep(0.3)  # ...which it does not: only for the pause
+    assert len(engine.calls) == 2 and sorted(engine.calls[1]) == ["p 1", "p 2"]
+    engine.finish(1)
+    for task, i in zip(pair, (1, 2), strict=True):
+        check(await task, [f"p {i}"])
+
+
+async def test_a_full_window_starts_a_second_wave_but_never_a_third() -> None:
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=1)  # window = 8 inputs
+    window = 1 * feeder_module.WINDOW_BATCHES
+    first = asyncio.ensure_future(feeder.embed(["x 0"]))
+    await settle()
+    second = asyncio.ensure_future(feeder.embed(texts("b", [0] * window, 100)))
+    await settle()
+    assert len(engine.calls) == 1 + window  # a full window did not wait for the first wave
+    third = asyncio.ensure_future(feeder.embed(texts("c", [0] * window, 200)))
+    await settle()
+    assert len(engine.calls) == 1 + window and feeder.waiting == window  # two waves at most
+    engine.finish(0)
+    await first
+    await settle()
+    assert len(engine.calls) == 1 + 2 * window
+    for n in range(1, len(engine.calls)):
+        engine.finish(n)
+    check(await second, texts("b", [0] * window, 100))
+    check(await third, texts("c", [0] * window, 200))
+
+
+async def test_a_cancelled_waiting_call_never_reaches_the_engine() -> None:
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=4)
+    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
+    await settle()
+    gone = asyncio.ensure_future(feeder.embed(["gone 1"]))
+    kept = asyncio.ensure_future(feeder.embed(["kept 2"]))
+    await settle()
+    gone.cancel()
+    await settle()
+    assert feeder.waiting == 1
+    engine.finish(0)
+    await blocker
+    await settle()
+    assert engine.calls[1:] == [["kept 2"]]
+    engine.finish(1)
+    check(await kept, ["kept 2"])
+
+
+async def test_a_cancelled_released_call_leaves_its_chunk_to_the_others() -> None:
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=4)
+    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
+    await settle()
+    a = asyncio.ensure_future(feeder.embed(["a 1"]))
+    b = asyncio.ensure_future(feeder.embed(["b 2"]))
+    engine.finish(0)
+    await blocker
+    await settle()
+    assert sorted(engine.calls[1]) == ["a 1", "b 2"]
+    a.cancel()
+    await settle()
+    engine.finish(1)
+    check(await b, ["b 2"])
+    after = asyncio.ensure_future(feeder.embed(["c 3"]))  # the feeder is not stuck
+    await settle()
+    engine.finish(2)
+    check(await after, ["c 3"])
+
+
+async def test_an_engine_error_reaches_the_calls_of_that_chunk_only() -> None:
+    engine = ScriptedEngine()
+    engine.fail = {1}
+    feeder = Feeder(engine, batch_size=2)
+    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
+    await settle()
+    short = asyncio.ensure_future(feeder.embed(["s 1", "s 2"]))
+    long = asyncio.ensure_future(feeder.embed(["long 3", "long 4"]))
+    engine.finish(0)
+    await blocker
+    await settle()
+    engine.finish(1)
+    engine.finish(2)
+    with pytest.raises(RuntimeError, match="engine call 1 failed"):
+        await short
+    check(await long, ["long 3", "long 4"])
+
+
+async def test_usage_is_the_engines_token_count_where_it_keeps_one() -> None:
+    engine = ScriptedEngine(tokens=True)
+    feeder = Feeder(engine, batch_size=4)
+    task = asyncio.ensure_future(feeder.embed(["one two 1", "three 2"]))
+    await settle()
+    engine.finish(0)
+    vectors, usage = await task
+    assert [v.tokens for v in vectors] == [3, 2] and usage == 5  # not 16 characters
+
+
+async def test_close_fails_the_waiting_calls() -> None:
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=4)
+    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
+    await settle()
+    waiting = asyncio.ensure_future(feeder.embed(["w 1"]))
+    await settle()
+    feeder.close()
+    with pytest.raises(RuntimeError, match="shutting down"):
+        await waiting
+    engine.finish(0)
+    await blocker
+
+
+def test_the_pause_is_a_small_part_of_the_recent_wave_time() -> None:
+    feeder = Feeder(ScriptedEngine(), batch_size=4)
+    feeder._wave_s = 0.1
+    assert feeder._pause() == pytest.approx(0.1 * feeder_module.GATHER_FRACTION)
+    feeder._wave_s = 60.0
+    assert feeder._pause() == feeder_module.GATHER_MAX_S
