@@ -44,7 +44,8 @@ class _ModelState(Collector):
         )
         engine_queue = GaugeMetricFamily(
             "openai_compat_engine_queue_items",
-            "Items waiting in infinity-emb's batching queue (not yet handed to the model).",
+            "Inputs waiting for the model: in infinity-emb's batching queue, or held for the "
+            "next wave (not yet handed to the model).",
             labels=["model"],
         )
         loaded = GaugeMetricFamily(

@@ -23,6 +23,7 @@ class ScriptedEngine:
         self.calls: list[list[str]] = []
         self._gates: list[asyncio.Event] = []
         self.fail: set[int] = set()  # call numbers that raise
+        self.cancelled: list[int] = []  # call numbers cancelled while waiting
         self.tokens = tokens
 
     async def embed(self, texts: list[str]) -> tuple[list[Any], int]:
@@ -30,7 +31,11 @@ class ScriptedEngine:
         self.calls.append(list(texts))
         gate = asyncio.Event()
         self._gates.append(gate)
-        await gate.wait()
+        try:
+            await gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(n)
+            raise
         if n in self.fail:
             raise RuntimeError(f"engine call {n} failed")
         vectors: list[Any] = []
@@ -238,6 +243,32 @@ async def test_a_cancelled_released_call_leaves_its_chunk_to_the_others() -> Non
     await settle()
     engine.finish(2)
     check(await after, ["c 3"])
+
+
+async def test_chunks_only_a_cancelled_call_waits_for_are_cancelled_in_the_engine() -> None:
+    """A client that gives up leaves no work behind (infinity-emb skips the queued inputs of
+    a cancelled engine call); chunks shared with a live call run on."""
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=2)
+    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
+    await settle()
+    gone = asyncio.ensure_future(feeder.embed(["g 1", "g 2", "g 3", "g 4", "glong 5"]))
+    kept = asyncio.ensure_future(feeder.embed(["keptlong 6"]))
+    engine.finish(0)
+    await blocker
+    await asyncio.sleep(0.1)  # the pause for the blocker's client, who does not come back
+    # sorted: [g 1, g 2] [g 3, g 4] [glong 5, keptlong 6]
+    assert engine.calls[1:] == [["g 1", "g 2"], ["g 3", "g 4"], ["glong 5", "keptlong 6"]]
+    gone.cancel()
+    await settle()
+    assert engine.cancelled == [1, 2]  # its own chunks; the shared one runs on
+    engine.finish(3)
+    check(await kept, ["keptlong 6"])
+    after = asyncio.ensure_future(feeder.embed(["next 7"]))  # the wave ended: not stuck
+    await asyncio.sleep(0.1)  # (the pause: two callers were expected back)
+    assert engine.calls[-1] == ["next 7"]
+    engine.finish(4)
+    await after
 
 
 async def test_an_engine_error_reaches_the_calls_of_that_chunk_only() -> None:

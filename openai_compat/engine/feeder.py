@@ -23,8 +23,9 @@ The feeder restores what the in-process caller gets, and a little more:
   the recent wave time, at most 10 ms), or at once when a window is full. A lone client
   never waits: its previous wave held one call.
 
-Calls are never split across waves or reordered between waves; a cancelled call that has
-not been released is dropped, one already released leaves its chunks running for the others.
+Calls are never split across waves or reordered between waves. A cancelled call that has
+not been released is dropped; once released, the chunks that hold only inputs of cancelled
+calls are cancelled too (infinity-emb then skips their queued inputs), the others run on.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class _Call:
     texts: list[str]
     future: asyncio.Future[tuple[list[Any], int]]
     released: bool = False
+    chunks: list[asyncio.Future[Any]] = field(default_factory=list)  # engine calls it is in
 
 
 @dataclass(eq=False)
@@ -57,6 +59,7 @@ class _Wave:
     started: float
     chunks_left: int = 0
     results: dict[int, list[Any]] = field(default_factory=dict)  # call index -> vectors
+    members: dict[asyncio.Future[Any], set[int]] = field(default_factory=dict)  # chunk -> calls
 
 
 class Feeder:
@@ -93,7 +96,18 @@ class Feeder:
             if not call.released:
                 self._pending.remove(call)
                 self._pending_items -= len(call.texts)
+            else:
+                self._abandon(call)
             raise
+
+    def _abandon(self, call: _Call) -> None:
+        """A released call's caller is gone: cancel its chunks that nobody else waits for."""
+        wave = next((w for w in self._waves if call in w.calls), None)
+        if wave is None:
+            return
+        for chunk in call.chunks:
+            if all(wave.calls[c].future.done() for c in wave.members.get(chunk, ())):
+                chunk.cancel()
 
     # ------------------------------------------------------------ scheduling
 
@@ -149,10 +163,15 @@ class Feeder:
             texts = [calls[c].texts[i] for _, c, i in chunk]
             task = asyncio.ensure_future(self._engine.embed(texts))
             self._chunks.add(task)
+            members = {c for _, c, _ in chunk}
+            wave.members[task] = members
+            for c in members:
+                calls[c].chunks.append(task)
             task.add_done_callback(lambda t, chunk=chunk: self._chunk_done(wave, chunk, t))
 
     def _chunk_done(self, wave: _Wave, chunk: list[tuple[int, int, int]], task: Any) -> None:
         self._chunks.discard(task)
+        wave.members.pop(task, None)
         error = None if task.cancelled() else task.exception()
         if task.cancelled():
             error = asyncio.CancelledError()
