@@ -432,7 +432,8 @@ async def warm_up(entry: ModelEntry) -> None:
     longest = " ".join(["warm"] * (entry.max_length or 512))
     engine = entry.engine
     if "embed" in entry.capabilities or entry.sparse:
-        await engine.embed(short)
+        if entry.quantizer is None:  # else describe() already ran the calibration batches
+            await engine.embed(short)
         await engine.embed([longest])
     elif "rerank" in entry.capabilities:
         await engine.rerank(query="warm-up", docs=short)
