@@ -107,6 +107,7 @@ class Quantizer:
 
     calibration: np.ndarray  # float32 [texts, dimensions]: the calibration embeddings
     configured: float | None = None  # quantization_range from the config, if any
+    from_cache: bool = False  # the embeddings were read from disk (calibration_file)
     _ranges: dict[int, float] = field(default_factory=dict)
 
     def range(self, dimensions: int) -> float:

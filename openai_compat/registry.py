@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -13,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from openai_compat.compact import CALIBRATION_TEXTS, Quantizer
-from openai_compat.engine import adapter
+from openai_compat.engine import adapter, backends
 from openai_compat.engine.feeder import Feeder
 from openai_compat.errors import BadRequest, ModelNotFound, RateLimited
 from openai_compat.lifecycle import in_daemon_thread
@@ -310,7 +312,60 @@ async def _probe(engine: Any, counter: TokenCounter | None) -> tuple[list[Any], 
     return vectors, adapter.engine_token_count(vectors) == expected
 
 
-async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | None) -> ModelEntry:
+def calibration_file(config: ModelConfig, cache_dir: Path) -> Path:
+    """Where a model's calibration embeddings are kept between starts: keyed by everything
+    that changes them (source, revision, engine, dtype, pooling, the calibration texts, and
+    for a local folder its files' sizes and times)."""
+    parts = [config.source, config.revision or "", config.engine, config.quantize or ""]
+    parts += [config.dtype, config.pooling_method, config.device, "\n".join(CALIBRATION_TEXTS)]
+    folder = Path(config.source)
+    if folder.is_dir():
+        for f in sorted(folder.iterdir()):
+            if f.is_file():
+                st = f.stat()
+                parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in config.served_name)
+    return cache_dir / "calibration" / f"{slug}-{key}.npy"
+
+
+async def calibrate(engine: Any, config: ModelConfig, cache_dir: Path | None) -> Quantizer:
+    """The int8 calibration: the fixed texts' embeddings, read from the cache when one
+    exists and still matches the model (its first text is embedded again and compared),
+    else embedded (two batches: half a second on one CPU core for MiniLM) and cached."""
+    path = calibration_file(config, cache_dir) if cache_dir is not None else None
+    if path is not None and path.is_file():
+        try:
+            cached = np.load(path, allow_pickle=False)
+        except (OSError, ValueError):
+            cached = None
+        if cached is not None and cached.ndim == 2 and len(cached) == len(CALIBRATION_TEXTS):
+            first, _ = await engine.embed([CALIBRATION_TEXTS[0]])
+            fresh = np.asarray(first[0], dtype=np.float32)
+            if fresh.shape == cached[0].shape and np.allclose(fresh, cached[0], atol=1e-4):
+                return Quantizer(cached, config.quantization_range, from_cache=True)
+            logger.info(
+                "model %r: cached calibration is stale; measuring again", config.served_name
+            )
+    vectors, _ = await engine.embed(list(CALIBRATION_TEXTS))
+    matrix = np.asarray(vectors, dtype=np.float32)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.stem}.tmp-{os.getpid()}.npy")
+            np.save(tmp, matrix, allow_pickle=False)
+            tmp.replace(path)
+        except OSError as exc:  # a read-only cache is fine: measure on every start
+            logger.info("model %r: calibration not cached (%s)", config.served_name, exc)
+    return Quantizer(matrix, config.quantization_range)
+
+
+async def describe(
+    config: ModelConfig,
+    engine: Any,
+    cl100k: Cl100kDecoder | None,
+    cache_dir: Path | None = None,
+) -> ModelEntry:
     """Inspect a started engine: capabilities, size, tokenizer, the limit it applies."""
     problems = adapter.contract_problems(engine)
     if problems:
@@ -353,10 +408,7 @@ async def describe(config: ModelConfig, engine: Any, cl100k: Cl100kDecoder | Non
         if not multivector:
             # Cosine similarity of embeddings gives every single-vector model a rerank ability.
             caps = caps | {"rerank"}
-            calibration, _ = await engine.embed(list(CALIBRATION_TEXTS))
-            quantizer = Quantizer(
-                np.asarray(calibration, dtype=np.float32), config.quantization_range
-            )
+            quantizer = await calibrate(engine, config, cache_dir)
     return ModelEntry(
         config=config,
         engine=engine,
@@ -394,7 +446,9 @@ async def load_models(registry: Registry, export_dir: Path | None = None) -> Non
             )
             registry.engines.append(engine)
             await engine.astart()
-            entry = await describe(config, engine, cl100k)
+            entry = await describe(
+                config, engine, cl100k, export_dir or backends.default_export_dir()
+            )
             if config.model_warmup:
                 await warm_up(entry)
         except EngineFailure:
@@ -432,7 +486,7 @@ async def warm_up(entry: ModelEntry) -> None:
     longest = " ".join(["warm"] * (entry.max_length or 512))
     engine = entry.engine
     if "embed" in entry.capabilities or entry.sparse:
-        if entry.quantizer is None:  # else describe() already ran the calibration batches
+        if entry.quantizer is None or entry.quantizer.from_cache:  # else calibration ran them
             await engine.embed(short)
         await engine.embed([longest])
     elif "rerank" in entry.capabilities:

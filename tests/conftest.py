@@ -16,6 +16,9 @@ for _k, _v in SERVER_ENV.items():
     os.environ.setdefault(_k, _v)
 # In-process apps keep any Batch API state out of the user's real data dir.
 os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="openai-compat-test-xdg-")
+# ...and exports and calibration caches out of the user's Hugging Face cache (servers of a
+# session share this one, as replicas share a baked image).
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="openai-compat-test-hf-")
 # Nor the network through a client library: litellm fetches its price list from GitHub at
 # import, Haystack sends telemetry.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
