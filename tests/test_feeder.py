@@ -319,3 +319,9 @@ def test_the_pause_is_a_small_part_of_the_recent_wave_time() -> None:
     assert feeder._pause() == pytest.approx(0.1 * feeder_module.GATHER_FRACTION)
     feeder._wave_s = 60.0
     assert feeder._pause() == feeder_module.GATHER_MAX_S
+
+
+async def test_an_empty_call_is_answered_without_the_engine() -> None:
+    engine = ScriptedEngine()
+    assert await Feeder(engine, batch_size=4).embed([]) == ([], 0)
+    assert engine.calls == []

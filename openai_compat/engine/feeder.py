@@ -59,6 +59,7 @@ class _Wave:
     started: float
     chunks_left: int = 0
     results: dict[int, list[Any]] = field(default_factory=dict)  # call index -> vectors
+    missing: dict[int, int] = field(default_factory=dict)  # call index -> vectors to come
     members: dict[asyncio.Future[Any], set[int]] = field(default_factory=dict)  # chunk -> calls
 
 
@@ -85,6 +86,8 @@ class Feeder:
     async def embed(self, texts: Sequence[str]) -> tuple[list[Any], int]:
         """What `engine.embed(texts)` returns: the vectors, and the usage the engine reports
         (its own token counts where it keeps them, else its length estimate)."""
+        if not texts:
+            return [], 0
         loop = asyncio.get_running_loop()
         call = _Call(list(texts), loop.create_future())
         self._pending.append(call)
@@ -157,6 +160,7 @@ class Feeder:
         )
         for c, call in enumerate(calls):
             wave.results[c] = [None] * len(call.texts)
+            wave.missing[c] = len(call.texts)
         chunks = [order[i : i + self._batch] for i in range(0, len(order), self._batch)]
         wave.chunks_left = len(chunks)
         for chunk in chunks:
@@ -180,6 +184,7 @@ class Feeder:
             vectors = task.result()[0]
             for (_, c, i), vector in zip(chunk, vectors, strict=True):
                 wave.results[c][i] = vector
+                wave.missing[c] -= 1
                 touched.add(c)
         else:
             for _, c, _ in chunk:
@@ -189,7 +194,7 @@ class Feeder:
         for c in touched:
             future = wave.calls[c].future
             vectors = wave.results[c]
-            if not future.done() and all(v is not None for v in vectors):
+            if not future.done() and wave.missing[c] == 0:
                 future.set_result((vectors, _usage(wave.calls[c].texts, vectors)))
         wave.chunks_left -= 1
         if wave.chunks_left == 0:
