@@ -325,3 +325,36 @@ async def test_an_empty_call_is_answered_without_the_engine() -> None:
     engine = ScriptedEngine()
     assert await Feeder(engine, batch_size=4).embed([]) == ([], 0)
     assert engine.calls == []
+
+
+async def test_background_calls_never_share_a_wave_with_live_ones() -> None:
+    """Batch API lines (background) wait while live calls wait or run; a live call may start
+    while a background wave runs."""
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=8)
+    with feeder_module.background():
+        bulk = asyncio.ensure_future(feeder.embed(["bulk 1", "bulk 2"]))
+    await settle()
+    assert engine.calls == [["bulk 1", "bulk 2"]]  # nothing live: it goes
+    live = asyncio.ensure_future(feeder.embed(["live 3"]))
+    await settle()
+    assert engine.calls[1:] == [["live 3"]]  # not held behind the background wave
+    with feeder_module.background():
+        more = asyncio.ensure_future(feeder.embed(["bulk 4"]))
+    later_live = asyncio.ensure_future(feeder.embed(["live 5"]))
+    await settle()
+    assert len(engine.calls) == 2 and feeder.waiting == 2  # both wait: two waves run
+    engine.finish(0)  # the background wave ends; live 5 waits for the live wave before it
+    await bulk
+    await settle()
+    assert len(engine.calls) == 2
+    engine.finish(1)
+    await live
+    await asyncio.sleep(0.05)  # (the gathering pause)
+    assert engine.calls[2:] == [["live 5"]]  # live first: bulk 4 still waits
+    engine.finish(2)
+    await later_live
+    await asyncio.sleep(0.05)
+    assert engine.calls[3:] == [["bulk 4"]]  # no live call waits or runs: now the bulk one
+    engine.finish(3)
+    check(await more, ["bulk 4"])

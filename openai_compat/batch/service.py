@@ -11,6 +11,7 @@ import httpx
 
 from openai_compat.batch.runner import Gate, Runner
 from openai_compat.batch.store import Store, StoreBusy, new_id
+from openai_compat.engine.feeder import background
 from openai_compat.errors import ServiceUnavailable
 from openai_compat.lifecycle import Lifecycle
 from openai_compat.settings import Settings
@@ -107,9 +108,10 @@ class BatchService:
         assert self._client is not None
         self.inflight += 1
         try:
-            resp = await self._client.post(
-                url, content=body, headers={"Content-Type": "application/json"}
-            )
+            with background():  # its engine calls wait for live ones (engine/feeder.py)
+                resp = await self._client.post(
+                    url, content=body, headers={"Content-Type": "application/json"}
+                )
         finally:
             self.inflight -= 1
         return resp.status_code, resp.content, resp.headers.get("x-request-id", "")

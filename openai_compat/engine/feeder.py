@@ -23,6 +23,11 @@ The feeder restores what the in-process caller gets, and a little more:
   the recent wave time, at most 10 ms), or at once when a window is full. A lone client
   never waits: its previous wave held one call.
 
+Background calls (Batch API lines: `background()` around their dispatch) never share a wave
+with live ones: they go only when no live call waits and no wave is in the engine, and a live
+wave may start while a background wave runs, so a bulk job cannot hold live requests back
+by more than the engine batch already running.
+
 Calls are never split across waves or reordered between waves. A cancelled call that has
 not been released is dropped; once released, the chunks that hold only inputs of cancelled
 calls are cancelled too (infinity-emb then skips their queued inputs), the others run on.
@@ -33,7 +38,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +51,18 @@ GATHER_MAX_S = 0.010
 WINDOW_BATCHES = 8  # infinity-emb sorts up to 8 batches at a time (pop_optimal_batches)
 MAX_WAVES = 2
 
+_BACKGROUND: ContextVar[bool] = ContextVar("openai_compat_background", default=False)
+
+
+@contextmanager
+def background() -> Iterator[None]:
+    """Embed calls made inside this block wait for live ones (see the module text)."""
+    token = _BACKGROUND.set(True)
+    try:
+        yield
+    finally:
+        _BACKGROUND.reset(token)
+
 
 @dataclass(eq=False)
 class _Call:
@@ -51,12 +70,14 @@ class _Call:
     future: asyncio.Future[tuple[list[Any], int]]
     released: bool = False
     chunks: list[asyncio.Future[Any]] = field(default_factory=list)  # engine calls it is in
+    background: bool = False
 
 
 @dataclass(eq=False)
 class _Wave:
     calls: list[_Call]
     started: float
+    background: bool = False
     chunks_left: int = 0
     results: dict[int, list[Any]] = field(default_factory=dict)  # call index -> vectors
     missing: dict[int, int] = field(default_factory=dict)  # call index -> vectors to come
@@ -70,8 +91,10 @@ class Feeder:
         self._engine = engine
         self._batch = max(1, batch_size)
         self._window = self._batch * WINDOW_BATCHES
-        self._pending: deque[_Call] = deque()
+        self._pending: deque[_Call] = deque()  # live calls
         self._pending_items = 0
+        self._later: deque[_Call] = deque()  # background calls
+        self._later_items = 0
         self._waves: list[_Wave] = []  # in the engine: at most MAX_WAVES
         self._expect = 1  # calls expected for the next wave
         self._wave_s = 0.0  # moving average of wave durations
@@ -81,7 +104,7 @@ class Feeder:
     @property
     def waiting(self) -> int:
         """Inputs held here, not yet handed to the engine."""
-        return self._pending_items
+        return self._pending_items + self._later_items
 
     async def embed(self, texts: Sequence[str]) -> tuple[list[Any], int]:
         """What `engine.embed(texts)` returns: the vectors, and the usage the engine reports
@@ -89,16 +112,24 @@ class Feeder:
         if not texts:
             return [], 0
         loop = asyncio.get_running_loop()
-        call = _Call(list(texts), loop.create_future())
-        self._pending.append(call)
-        self._pending_items += len(call.texts)
+        call = _Call(list(texts), loop.create_future(), background=_BACKGROUND.get())
+        if call.background:
+            self._later.append(call)
+            self._later_items += len(call.texts)
+        else:
+            self._pending.append(call)
+            self._pending_items += len(call.texts)
         self._consider()
         try:
             return await call.future
         except asyncio.CancelledError:
             if not call.released:
-                self._pending.remove(call)
-                self._pending_items -= len(call.texts)
+                if call.background:
+                    self._later.remove(call)
+                    self._later_items -= len(call.texts)
+                else:
+                    self._pending.remove(call)
+                    self._pending_items -= len(call.texts)
             else:
                 self._abandon(call)
             raise
@@ -115,16 +146,23 @@ class Feeder:
     # ------------------------------------------------------------ scheduling
 
     def _consider(self) -> None:
-        if not self._pending or len(self._waves) >= MAX_WAVES:
+        if len(self._waves) >= MAX_WAVES:
+            return
+        if not self._pending:
+            if self._later and not self._waves:  # nothing live waits or runs: background
+                self._release(background=True)
             return
         if self._pending_items >= self._window:
             self._release()
-        elif self._waves:
+        elif self._live_waves():
             return  # the engine is busy and less than a window waits: gather more
         elif len(self._pending) >= self._expect:
             self._release()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._pause(), self._gathered)
+
+    def _live_waves(self) -> bool:
+        return any(not w.background for w in self._waves)
 
     def _pause(self) -> float:
         """How long a wave waits for callers that are expected but not back yet."""
@@ -132,22 +170,26 @@ class Feeder:
 
     def _gathered(self) -> None:
         self._timer = None
-        if not self._waves and self._pending:
+        if self._pending and not self._live_waves() and len(self._waves) < MAX_WAVES:
             self._release()
 
-    def _release(self) -> None:
-        if self._timer is not None:
+    def _release(self, background: bool = False) -> None:
+        queue = self._later if background else self._pending
+        if not background and self._timer is not None:
             self._timer.cancel()
             self._timer = None
         calls: list[_Call] = []
         items = 0
-        while self._pending and (not calls or items + len(self._pending[0].texts) <= self._window):
-            call = self._pending.popleft()
+        while queue and (not calls or items + len(queue[0].texts) <= self._window):
+            call = queue.popleft()
             call.released = True
             calls.append(call)
             items += len(call.texts)
-        self._pending_items -= items
-        wave = _Wave(calls, time.perf_counter())
+        if background:
+            self._later_items -= items
+        else:
+            self._pending_items -= items
+        wave = _Wave(calls, time.perf_counter(), background)
         self._waves.append(wave)
         # (length, call, position) sorted like infinity-emb's queue: by character length
         order = sorted(
@@ -201,10 +243,11 @@ class Feeder:
             self._wave_done(wave)
 
     def _wave_done(self, wave: _Wave) -> None:
-        elapsed = time.perf_counter() - wave.started
-        self._wave_s = elapsed if not self._wave_s else 0.8 * self._wave_s + 0.2 * elapsed
-        # its callers are about to come back, and those that waited meanwhile are here
-        self._expect = max(1, len(wave.calls) + len(self._pending))
+        if not wave.background:
+            elapsed = time.perf_counter() - wave.started
+            self._wave_s = elapsed if not self._wave_s else 0.8 * self._wave_s + 0.2 * elapsed
+            # its callers are about to come back, and those that waited meanwhile are here
+            self._expect = max(1, len(wave.calls) + len(self._pending))
         self._waves.remove(wave)
         self._consider()
 
@@ -213,11 +256,12 @@ class Feeder:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        while self._pending:
-            call = self._pending.popleft()
-            if not call.future.done():
-                call.future.set_exception(RuntimeError("the model is shutting down"))
-        self._pending_items = 0
+        for queue in (self._pending, self._later):
+            while queue:
+                call = queue.popleft()
+                if not call.future.done():
+                    call.future.set_exception(RuntimeError("the model is shutting down"))
+        self._pending_items = self._later_items = 0
 
 
 def _usage(texts: list[str], vectors: list[Any]) -> int:
