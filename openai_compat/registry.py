@@ -249,8 +249,6 @@ _VERB: dict[str, str] = {
 def engine_args(config: ModelConfig) -> Any:
     from infinity_emb import EngineArgs
 
-    from openai_compat.engine.backends import BACKENDS
-
     options: dict[str, Any] = dict(
         model_name_or_path=config.source,
         served_model_name=config.served_name,
@@ -268,7 +266,7 @@ def engine_args(config: ModelConfig) -> Any:
         # Priorities by character length: our own counter does the real token counting.
         lengths_via_tokenize=False,
     )
-    if config.engine in BACKENDS:
+    if config.engine in backends.BACKENDS:
         # infinity-emb's torch embedder batches; its transformer is swapped for the export
         # (create_engine), so the torch weights need no acceleration.
         options.update(engine="torch", device="cpu", bettertransformer=False, compile=False)
@@ -278,8 +276,6 @@ def engine_args(config: ModelConfig) -> Any:
 def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
     """Build (load weights of) one infinity-emb engine. Blocking: run it in a thread."""
     from infinity_emb import AsyncEmbeddingEngine
-
-    from openai_compat.engine import backends
 
     try:
         args = engine_args(config)
@@ -325,8 +321,7 @@ def calibration_file(config: ModelConfig, cache_dir: Path) -> Path:
                 st = f.stat()
                 parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in config.served_name)
-    return cache_dir / "calibration" / f"{slug}-{key}.npy"
+    return cache_dir / "calibration" / f"{backends.slug(config.served_name)}-{key}.npy"
 
 
 async def calibrate(engine: Any, config: ModelConfig, cache_dir: Path | None) -> Quantizer:

@@ -132,8 +132,11 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _quantize_needs_a_backend(self) -> ModelConfig:
-        if self.quantize is not None and self.engine not in ("onnx", "openvino"):
-            raise ValueError("quantize applies to engine = 'onnx' or 'openvino' only")
+        from openai_compat.engine.backends import BACKENDS
+
+        if self.quantize is not None and self.engine not in BACKENDS:
+            names = " or ".join(repr(b) for b in BACKENDS)
+            raise ValueError(f"quantize applies to engine = {names} only")
         return self
 
     @model_validator(mode="after")

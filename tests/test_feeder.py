@@ -13,6 +13,7 @@ import pytest
 from openai_compat.engine import feeder as feeder_module
 from openai_compat.engine.adapter import TokenCountedArray
 from openai_compat.engine.feeder import Feeder
+from openai_compat.errors import ServiceUnavailable
 
 
 class ScriptedEngine:
@@ -59,6 +60,13 @@ def number(text: str) -> int:
 async def settle() -> None:
     for _ in range(10):
         await asyncio.sleep(0)
+
+
+async def busy(feeder: Feeder) -> asyncio.Future[Any]:
+    """A first call, now in the engine until the test finishes engine call 0."""
+    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
+    await settle()
+    return blocker
 
 
 def texts(prefix: str, lengths: list[int], start: int) -> list[str]:
@@ -113,8 +121,7 @@ async def test_calls_arriving_during_a_wave_wait_and_go_together_sorted_in_full_
 async def test_a_call_is_answered_when_its_own_chunks_are_done() -> None:
     engine = ScriptedEngine()
     feeder = Feeder(engine, batch_size=2)
-    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
-    await settle()
+    blocker = await busy(feeder)
     short = texts("s", [0, 0], 10)
     long = texts("l", [20, 20], 20)
     t_short = asyncio.ensure_future(feeder.embed(short))
@@ -169,8 +176,7 @@ async def test_a_missing_caller_costs_at_most_the_gathering_pause(
     engine = ScriptedEngine()
     feeder = Feeder(engine, batch_size=8)
     monkeypatch.setattr(feeder, "_pause", lambda: 0.05)
-    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
-    await settle()
+    blocker = await busy(feeder)
     pair = [asyncio.ensure_future(feeder.embed([f"p {i}"])) for i in (1, 2)]
     engine.finish(0)
     await blocker
@@ -208,8 +214,7 @@ async def test_a_full_window_starts_a_second_wave_but_never_a_third() -> None:
 async def test_a_cancelled_waiting_call_never_reaches_the_engine() -> None:
     engine = ScriptedEngine()
     feeder = Feeder(engine, batch_size=4)
-    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
-    await settle()
+    blocker = await busy(feeder)
     gone = asyncio.ensure_future(feeder.embed(["gone 1"]))
     kept = asyncio.ensure_future(feeder.embed(["kept 2"]))
     await settle()
@@ -227,8 +232,7 @@ async def test_a_cancelled_waiting_call_never_reaches_the_engine() -> None:
 async def test_a_cancelled_released_call_leaves_its_chunk_to_the_others() -> None:
     engine = ScriptedEngine()
     feeder = Feeder(engine, batch_size=4)
-    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
-    await settle()
+    blocker = await busy(feeder)
     a = asyncio.ensure_future(feeder.embed(["a 1"]))
     b = asyncio.ensure_future(feeder.embed(["b 2"]))
     engine.finish(0)
@@ -250,8 +254,7 @@ async def test_chunks_only_a_cancelled_call_waits_for_are_cancelled_in_the_engin
     a cancelled engine call); chunks shared with a live call run on."""
     engine = ScriptedEngine()
     feeder = Feeder(engine, batch_size=2)
-    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
-    await settle()
+    blocker = await busy(feeder)
     gone = asyncio.ensure_future(feeder.embed(["g 1", "g 2", "g 3", "g 4", "glong 5"]))
     kept = asyncio.ensure_future(feeder.embed(["keptlong 6"]))
     engine.finish(0)
@@ -275,8 +278,7 @@ async def test_an_engine_error_reaches_the_calls_of_that_chunk_only() -> None:
     engine = ScriptedEngine()
     engine.fail = {1}
     feeder = Feeder(engine, batch_size=2)
-    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
-    await settle()
+    blocker = await busy(feeder)
     short = asyncio.ensure_future(feeder.embed(["s 1", "s 2"]))
     long = asyncio.ensure_future(feeder.embed(["long 3", "long 4"]))
     engine.finish(0)
@@ -302,13 +304,13 @@ async def test_usage_is_the_engines_token_count_where_it_keeps_one() -> None:
 async def test_close_fails_the_waiting_calls() -> None:
     engine = ScriptedEngine()
     feeder = Feeder(engine, batch_size=4)
-    blocker = asyncio.ensure_future(feeder.embed(["x 0"]))
-    await settle()
+    blocker = await busy(feeder)
     waiting = asyncio.ensure_future(feeder.embed(["w 1"]))
     await settle()
     feeder.close()
-    with pytest.raises(RuntimeError, match="shutting down"):
+    with pytest.raises(ServiceUnavailable, match="shutting down") as refused:
         await waiting
+    assert refused.value.status == 503  # retryable, not a server fault
     engine.finish(0)
     await blocker
 

@@ -58,6 +58,11 @@ def default_export_dir() -> Path:
     return Path(hf_home) / "openai-compat-exports"
 
 
+def slug(name: str) -> str:
+    """A served name as a file-name part of a cache entry."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
 def quantization_target() -> str:
     """The dynamic-quantisation config that suits this CPU (optimum's names)."""
     if platform.machine().lower() in ("aarch64", "arm64"):
@@ -108,8 +113,7 @@ def prepare(
     """The cached export for this model, made first if missing (blocking: seconds)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
-    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    folder = export_dir / f"{slug}-{_key(source, revision, backend, quantize)}"
+    folder = export_dir / f"{slug(name)}-{_key(source, revision, backend, quantize)}"
     kind: Backend = "openvino" if backend == "openvino" else "onnx"
     found = _find(folder, kind, quantize)
     if found is not None:

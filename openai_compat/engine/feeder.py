@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openai_compat.engine import adapter
+from openai_compat.errors import ServiceUnavailable
 
 GATHER_FRACTION = 0.05  # of the recent wave time
 GATHER_MAX_S = 0.010
@@ -68,19 +69,47 @@ def background() -> Iterator[None]:
 class _Call:
     texts: list[str]
     future: asyncio.Future[tuple[list[Any], int]]
+    background: bool = False
     released: bool = False
     chunks: list[asyncio.Future[Any]] = field(default_factory=list)  # engine calls it is in
-    background: bool = False
+
+
+@dataclass(eq=False)
+class _Held:
+    """Calls waiting for a wave (live or background), and how many inputs they hold."""
+
+    calls: deque[_Call] = field(default_factory=deque)
+    items: int = 0
+
+    def add(self, call: _Call) -> None:
+        self.calls.append(call)
+        self.items += len(call.texts)
+
+    def drop(self, call: _Call) -> None:
+        self.calls.remove(call)
+        self.items -= len(call.texts)
+
+    def take(self, window: int) -> list[_Call]:
+        """The oldest calls up to `window` inputs (at least one call, however large)."""
+        taken: list[_Call] = []
+        items = 0
+        while self.calls and (not taken or items + len(self.calls[0].texts) <= window):
+            call = self.calls.popleft()
+            call.released = True
+            taken.append(call)
+            items += len(call.texts)
+        self.items -= items
+        return taken
 
 
 @dataclass(eq=False)
 class _Wave:
     calls: list[_Call]
     started: float
-    background: bool = False
+    background: bool
+    results: list[list[Any]]  # per call: its vectors, filled in as chunks finish
+    missing: list[int]  # per call: vectors still to come
     chunks_left: int = 0
-    results: dict[int, list[Any]] = field(default_factory=dict)  # call index -> vectors
-    missing: dict[int, int] = field(default_factory=dict)  # call index -> vectors to come
     members: dict[asyncio.Future[Any], set[int]] = field(default_factory=dict)  # chunk -> calls
 
 
@@ -91,20 +120,17 @@ class Feeder:
         self._engine = engine
         self._batch = max(1, batch_size)
         self._window = self._batch * WINDOW_BATCHES
-        self._pending: deque[_Call] = deque()  # live calls
-        self._pending_items = 0
-        self._later: deque[_Call] = deque()  # background calls
-        self._later_items = 0
-        self._waves: list[_Wave] = []  # in the engine: at most MAX_WAVES
+        self._live = _Held()
+        self._background = _Held()
+        self._waves: list[_Wave] = []  # in the engine (they hold their chunk tasks)
         self._expect = 1  # calls expected for the next wave
         self._wave_s = 0.0  # moving average of wave durations
         self._timer: asyncio.TimerHandle | None = None
-        self._chunks: set[asyncio.Task[Any]] = set()
 
     @property
     def waiting(self) -> int:
         """Inputs held here, not yet handed to the engine."""
-        return self._pending_items + self._later_items
+        return self._live.items + self._background.items
 
     async def embed(self, texts: Sequence[str]) -> tuple[list[Any], int]:
         """What `engine.embed(texts)` returns: the vectors, and the usage the engine reports
@@ -113,25 +139,16 @@ class Feeder:
             return [], 0
         loop = asyncio.get_running_loop()
         call = _Call(list(texts), loop.create_future(), background=_BACKGROUND.get())
-        if call.background:
-            self._later.append(call)
-            self._later_items += len(call.texts)
-        else:
-            self._pending.append(call)
-            self._pending_items += len(call.texts)
+        held = self._background if call.background else self._live
+        held.add(call)
         self._consider()
         try:
             return await call.future
         except asyncio.CancelledError:
-            if not call.released:
-                if call.background:
-                    self._later.remove(call)
-                    self._later_items -= len(call.texts)
-                else:
-                    self._pending.remove(call)
-                    self._pending_items -= len(call.texts)
-            else:
+            if call.released:
                 self._abandon(call)
+            else:
+                held.drop(call)
             raise
 
     def _abandon(self, call: _Call) -> None:
@@ -148,16 +165,16 @@ class Feeder:
     def _consider(self) -> None:
         if len(self._waves) >= MAX_WAVES:
             return
-        if not self._pending:
-            if self._later and not self._waves:  # nothing live waits or runs: background
-                self._release(background=True)
+        if not self._live.calls:
+            if self._background.calls and not self._waves:  # nothing live waits or runs
+                self._release(self._background)
             return
-        if self._pending_items >= self._window:
-            self._release()
+        if self._live.items >= self._window:
+            self._release(self._live)
         elif self._live_waves():
             return  # the engine is busy and less than a window waits: gather more
-        elif len(self._pending) >= self._expect:
-            self._release()
+        elif len(self._live.calls) >= self._expect:
+            self._release(self._live)
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._pause(), self._gathered)
 
@@ -170,26 +187,22 @@ class Feeder:
 
     def _gathered(self) -> None:
         self._timer = None
-        if self._pending and not self._live_waves() and len(self._waves) < MAX_WAVES:
-            self._release()
+        if self._live.calls and not self._live_waves() and len(self._waves) < MAX_WAVES:
+            self._release(self._live)
 
-    def _release(self, background: bool = False) -> None:
-        queue = self._later if background else self._pending
+    def _release(self, held: _Held) -> None:
+        background = held is self._background
         if not background and self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        calls: list[_Call] = []
-        items = 0
-        while queue and (not calls or items + len(queue[0].texts) <= self._window):
-            call = queue.popleft()
-            call.released = True
-            calls.append(call)
-            items += len(call.texts)
-        if background:
-            self._later_items -= items
-        else:
-            self._pending_items -= items
-        wave = _Wave(calls, time.perf_counter(), background)
+        calls = held.take(self._window)
+        wave = _Wave(
+            calls,
+            time.perf_counter(),
+            background,
+            results=[[None] * len(call.texts) for call in calls],
+            missing=[len(call.texts) for call in calls],
+        )
         self._waves.append(wave)
         # (length, call, position) sorted like infinity-emb's queue: by character length
         order = sorted(
@@ -200,15 +213,11 @@ class Feeder:
             ),
             key=lambda entry: entry[0],
         )
-        for c, call in enumerate(calls):
-            wave.results[c] = [None] * len(call.texts)
-            wave.missing[c] = len(call.texts)
         chunks = [order[i : i + self._batch] for i in range(0, len(order), self._batch)]
         wave.chunks_left = len(chunks)
         for chunk in chunks:
             texts = [calls[c].texts[i] for _, c, i in chunk]
             task = asyncio.ensure_future(self._engine.embed(texts))
-            self._chunks.add(task)
             members = {c for _, c, _ in chunk}
             wave.members[task] = members
             for c in members:
@@ -216,27 +225,20 @@ class Feeder:
             task.add_done_callback(lambda t, chunk=chunk: self._chunk_done(wave, chunk, t))
 
     def _chunk_done(self, wave: _Wave, chunk: list[tuple[int, int, int]], task: Any) -> None:
-        self._chunks.discard(task)
         wave.members.pop(task, None)
-        error = None if task.cancelled() else task.exception()
-        if task.cancelled():
-            error = asyncio.CancelledError()
-        touched: set[int] = set()
+        error = asyncio.CancelledError() if task.cancelled() else task.exception()
         if error is None:
-            vectors = task.result()[0]
-            for (_, c, i), vector in zip(chunk, vectors, strict=True):
+            for (_, c, i), vector in zip(chunk, task.result()[0], strict=True):
                 wave.results[c][i] = vector
                 wave.missing[c] -= 1
-                touched.add(c)
-        else:
-            for _, c, _ in chunk:
-                future = wave.calls[c].future
-                if not future.done():
-                    future.set_exception(error)
-        for c in touched:
+        for c in {c for _, c, _ in chunk}:
             future = wave.calls[c].future
-            vectors = wave.results[c]
-            if not future.done() and wave.missing[c] == 0:
+            if future.done():
+                continue  # its caller is gone, or an earlier chunk failed it
+            if error is not None:
+                future.set_exception(error)
+            elif wave.missing[c] == 0:
+                vectors = wave.results[c]
                 future.set_result((vectors, _usage(wave.calls[c].texts, vectors)))
         wave.chunks_left -= 1
         if wave.chunks_left == 0:
@@ -247,21 +249,23 @@ class Feeder:
             elapsed = time.perf_counter() - wave.started
             self._wave_s = elapsed if not self._wave_s else 0.8 * self._wave_s + 0.2 * elapsed
             # its callers are about to come back, and those that waited meanwhile are here
-            self._expect = max(1, len(wave.calls) + len(self._pending))
+            self._expect = max(1, len(wave.calls) + len(self._live.calls))
         self._waves.remove(wave)
         self._consider()
 
     def close(self) -> None:
-        """Fail whatever still waits (the engine is stopping)."""
+        """Fail whatever still waits (the engine is stopping): 503, a retryable refusal."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for queue in (self._pending, self._later):
-            while queue:
-                call = queue.popleft()
+        for held in (self._live, self._background):
+            while held.calls:
+                call = held.calls.popleft()
                 if not call.future.done():
-                    call.future.set_exception(RuntimeError("the model is shutting down"))
-        self._pending_items = self._later_items = 0
+                    call.future.set_exception(
+                        ServiceUnavailable("The model is shutting down; retry shortly.")
+                    )
+            held.items = 0
 
 
 def _usage(texts: list[str], vectors: list[Any]) -> int:
