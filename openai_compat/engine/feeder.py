@@ -24,9 +24,9 @@ The feeder restores what the in-process caller gets, and a little more:
   never waits: its previous wave held one call.
 
 Background calls (Batch API lines: `background()` around their dispatch) never share a wave
-with live ones: they go only when no live call waits and no wave is in the engine, and a live
-wave may start while a background wave runs, so a bulk job cannot hold live requests back
-by more than the engine batch already running.
+with live ones; live calls are considered first, one background wave may run beside a live
+one (so steady live traffic cannot starve a batch job), and a live wave may start while a
+background wave runs.
 
 Calls are never split across waves or reordered between waves. A cancelled call that has
 not been released is dropped; once released, the chunks that hold only inputs of cancelled
@@ -163,11 +163,18 @@ class Feeder:
     # ------------------------------------------------------------ scheduling
 
     def _consider(self) -> None:
-        if len(self._waves) >= MAX_WAVES:
-            return
-        if not self._live.calls:
-            if self._background.calls and not self._waves:  # nothing live waits or runs
-                self._release(self._background)
+        self._consider_live()
+        # One background wave at a time, beside live ones but never mixed into them: live
+        # traffic that never pauses cannot starve a batch job.
+        if (
+            self._background.calls
+            and len(self._waves) < MAX_WAVES
+            and not any(w.background for w in self._waves)
+        ):
+            self._release(self._background)
+
+    def _consider_live(self) -> None:
+        if len(self._waves) >= MAX_WAVES or not self._live.calls:
             return
         if self._live.items >= self._window:
             self._release(self._live)
