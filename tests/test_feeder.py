@@ -358,3 +358,77 @@ async def test_background_calls_never_share_a_wave_with_live_ones() -> None:
     engine.finish(3)
     check(await more, ["bulk 4"])
     check(await later_live, ["live 5"])
+
+
+async def test_beside_live_traffic_a_background_wave_trickles_small_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While live calls run (or arrived within QUIET_S) a background wave keeps one chunk of
+    batch/8 inputs in the engine, shortest first, so a live call that arrives waits behind at
+    most that chunk; once live traffic is quiet the rest goes in full batches at once."""
+    monkeypatch.setattr(feeder_module, "QUIET_S", 3600.0)  # the test says when it is quiet
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=16)  # trickle chunks of 2
+    live = asyncio.ensure_future(feeder.embed(["live 0"]))
+    await settle()
+    bulk_texts = texts("b", [5, 0, 4, 1, 3, 2, 7, 6], 10)
+    with feeder_module.background():
+        bulk = asyncio.ensure_future(feeder.embed(bulk_texts))
+    await settle()
+    by_length = sorted(bulk_texts, key=len)
+    assert engine.calls[1:] == [by_length[:2]]  # one small chunk, not a batch of 8
+    engine.finish(0)
+    check(await live, ["live 0"])
+    engine.finish(1)
+    await settle()
+    # the live wave is over, but a live call came within QUIET_S: still trickling
+    assert engine.calls[2:] == [by_length[2:4]]
+    later = asyncio.ensure_future(feeder.embed(["live 99"]))
+    await settle()
+    assert engine.calls[3:] == [["live 99"]]  # beside the one small background chunk
+    engine.finish(3)
+    check(await later, ["live 99"])
+    monkeypatch.setattr(feeder_module, "QUIET_S", 0.0)  # live traffic has gone quiet
+    engine.finish(2)
+    await settle()
+    assert engine.calls[4:] == [by_length[4:]]  # all that is left, in one full batch
+    engine.finish(4)
+    check(await bulk, bulk_texts)
+
+
+async def test_with_no_live_traffic_a_background_wave_goes_in_full_batches() -> None:
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=4)
+    bulk_texts = texts("b", [3, 0, 2, 1, 5, 4], 0)
+    with feeder_module.background():
+        bulk = asyncio.ensure_future(feeder.embed(bulk_texts))
+    await settle()
+    by_length = sorted(bulk_texts, key=len)
+    assert engine.calls == [by_length[:4], by_length[4:]]  # both batches at once
+    engine.finish(0)
+    engine.finish(1)
+    check(await bulk, bulk_texts)
+
+
+async def test_a_cancelled_background_call_is_not_trickled_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(feeder_module, "QUIET_S", 3600.0)
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=8)  # trickle chunks of 1
+    live = asyncio.ensure_future(feeder.embed(["live 0"]))
+    await settle()
+    with feeder_module.background():
+        gone = asyncio.ensure_future(feeder.embed(texts("g", [0, 1, 2], 10)))
+        kept = asyncio.ensure_future(feeder.embed(texts("k", [5], 20)))
+    await settle()
+    assert engine.calls[1:] == [["g 10"]]  # one wave of both calls, shortest input first
+    gone.cancel()
+    await settle()
+    assert engine.cancelled == [1]  # that chunk held only the cancelled call's input
+    await settle()
+    assert engine.calls[2:] == [["kxxxxx 20"]]  # g 11 and g 12 never reach the engine
+    engine.finish(2)
+    check(await kept, ["kxxxxx 20"])
+    engine.finish(0)
+    await live

@@ -26,7 +26,10 @@ The feeder restores what the in-process caller gets, and a little more:
 Background calls (Batch API lines: `background()` around their dispatch) never share a wave
 with live ones; live calls are considered first, one background wave may run beside a live
 one (so steady live traffic cannot starve a batch job), and a live wave may start while a
-background wave runs.
+background wave runs. A background wave hands the engine all its chunks at once only when
+no live call has arrived for QUIET_S; otherwise it trickles: one chunk of batch/8 inputs in
+the engine at a time, each sized when it goes, so a live request waits behind at most that
+much background work (not behind a whole wave of a job's lines).
 
 Calls are never split across waves or reordered between waves. A cancelled call that has
 not been released is dropped; once released, the chunks that hold only inputs of cancelled
@@ -51,6 +54,8 @@ GATHER_FRACTION = 0.05  # of the recent wave time
 GATHER_MAX_S = 0.010
 WINDOW_BATCHES = 8  # infinity-emb sorts up to 8 batches at a time (pop_optimal_batches)
 MAX_WAVES = 2
+QUIET_S = 0.5  # no live call for this long: background waves use full batches again
+TRICKLE_FRACTION = 8  # beside live traffic a background chunk is batch_size / 8 inputs
 
 _BACKGROUND: ContextVar[bool] = ContextVar("openai_compat_background", default=False)
 
@@ -109,7 +114,8 @@ class _Wave:
     background: bool
     results: list[list[Any]]  # per call: its vectors, filled in as chunks finish
     missing: list[int]  # per call: vectors still to come
-    chunks_left: int = 0
+    pending: list[tuple[int, int, int]]  # (length, call, position), sorted, not yet sent
+    in_engine: int = 0  # chunks sent and not done
     members: dict[asyncio.Future[Any], set[int]] = field(default_factory=dict)  # chunk -> calls
 
 
@@ -126,6 +132,8 @@ class Feeder:
         self._expect = 1  # calls expected for the next wave
         self._wave_s = 0.0  # moving average of wave durations
         self._timer: asyncio.TimerHandle | None = None
+        self._trickle = max(1, self._batch // TRICKLE_FRACTION)
+        self._last_live = -float("inf")  # when the last live call arrived (perf_counter)
 
     @property
     def waiting(self) -> int:
@@ -140,6 +148,8 @@ class Feeder:
         loop = asyncio.get_running_loop()
         call = _Call(list(texts), loop.create_future(), background=_BACKGROUND.get())
         held = self._background if call.background else self._live
+        if not call.background:
+            self._last_live = time.perf_counter()
         held.add(call)
         self._consider()
         try:
@@ -209,27 +219,47 @@ class Feeder:
             background,
             results=[[None] * len(call.texts) for call in calls],
             missing=[len(call.texts) for call in calls],
+            # sorted like infinity-emb's queue: by character length
+            pending=sorted(
+                (
+                    (len(text), c, i)
+                    for c, call in enumerate(calls)
+                    for i, text in enumerate(call.texts)
+                ),
+                key=lambda entry: entry[0],
+            ),
         )
         self._waves.append(wave)
-        # (length, call, position) sorted like infinity-emb's queue: by character length
-        order = sorted(
-            (
-                (len(text), c, i)
-                for c, call in enumerate(calls)
-                for i, text in enumerate(call.texts)
-            ),
-            key=lambda entry: entry[0],
-        )
-        chunks = [order[i : i + self._batch] for i in range(0, len(order), self._batch)]
-        wave.chunks_left = len(chunks)
-        for chunk in chunks:
+        self._pump(wave)
+
+    def _pump(self, wave: _Wave) -> None:
+        """Hand the engine the wave's next chunks: all of them, in batches, for a live wave
+        or a background one while live traffic is quiet; else one small chunk at a time."""
+        calls = wave.calls
+        if wave.background:
+            # inputs of calls whose callers are gone are never sent
+            wave.pending = [item for item in wave.pending if not calls[item[1]].future.done()]
+        trickle = wave.background and self._live_active()
+        while wave.pending and not (trickle and wave.in_engine):
+            size = self._trickle if trickle else self._batch
+            chunk, wave.pending = wave.pending[:size], wave.pending[size:]
             texts = [calls[c].texts[i] for _, c, i in chunk]
             task = asyncio.ensure_future(self._engine.embed(texts))
             members = {c for _, c, _ in chunk}
             wave.members[task] = members
             for c in members:
                 calls[c].chunks.append(task)
+            wave.in_engine += 1
             task.add_done_callback(lambda t, chunk=chunk: self._chunk_done(wave, chunk, t))
+        if not wave.pending and not wave.in_engine and wave in self._waves:
+            self._wave_done(wave)  # every input left belonged to a cancelled call
+
+    def _live_active(self) -> bool:
+        return (
+            bool(self._live.calls)
+            or self._live_waves()
+            or time.perf_counter() - self._last_live < QUIET_S
+        )
 
     def _chunk_done(self, wave: _Wave, chunk: list[tuple[int, int, int]], task: Any) -> None:
         wave.members.pop(task, None)
@@ -247,8 +277,10 @@ class Feeder:
             elif wave.missing[c] == 0:
                 vectors = wave.results[c]
                 future.set_result((vectors, _usage(wave.calls[c].texts, vectors)))
-        wave.chunks_left -= 1
-        if wave.chunks_left == 0:
+        wave.in_engine -= 1
+        if wave.pending:
+            self._pump(wave)
+        elif wave.in_engine == 0:
             self._wave_done(wave)
 
     def _wave_done(self, wave: _Wave) -> None:
