@@ -71,7 +71,7 @@ class LineWorker:
             while True:
                 try:
                     result = await run_line(raw, self.endpoint, False, self._dispatch)
-                    return result.ok, json.dumps(result.record, separators=(",", ":"))
+                    return result.ok, result.encoded().decode()
                 except Retry:  # the replica's admission limit: wait for room
                     await asyncio.sleep(0.2)
 

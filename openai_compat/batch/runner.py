@@ -4,7 +4,9 @@ A line is sent through the app itself (in process, over ASGI), so it gets exactl
 validation, errors, limits and response body a live request gets. Lines go in waves, in
 input order; each wave's results are appended to the output and error files, fsynced, then
 committed with the job's progress (store.py), so a restart resumes exactly where the last
-commit left off.
+commit left off. While no live request is in flight the next wave is sent as soon as the
+previous one's answers are in, before they are written and committed, so the engine never
+waits for the disk; a wave sent ahead and never written is simply sent again on resume.
 
 Online traffic first: lines go in waves, each written, fsynced and committed: idle, a wave
 holds up to WAVE_INPUTS inputs (engine batches stay full); while live requests are in
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import time
@@ -24,6 +25,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
+
+import orjson
 
 from openai_compat.batch.store import OPEN_STATUSES, Progress, Store, new_id
 
@@ -47,6 +50,10 @@ class Retry(Exception):
 class LineResult:
     ok: bool
     record: dict[str, Any]
+
+    def encoded(self) -> bytes:
+        """The record as one JSON line, without its newline (floats exactly as served)."""
+        return orjson.dumps(self.record)
 
 
 @dataclass
@@ -74,7 +81,7 @@ def scan(path: Path, limit: int) -> tuple[int, frozenset[int]]:
             if not raw.strip():
                 continue
             try:
-                custom_id = json.loads(raw).get("custom_id")
+                custom_id = orjson.loads(raw).get("custom_id")
             except (ValueError, AttributeError):
                 custom_id = None
             if isinstance(custom_id, str):
@@ -102,7 +109,7 @@ def _error(custom_id: Any, code: str, message: str) -> LineResult:
 async def run_line(raw: bytes, endpoint: str, duplicate: bool, dispatch: Dispatch) -> LineResult:
     """One input line -> its output or error record (OpenAI's batch line format)."""
     try:
-        line = json.loads(raw)
+        line = orjson.loads(raw)
     except ValueError as exc:
         return _error(None, "invalid_json", f"The line is not valid JSON: {exc}.")
     if not isinstance(line, dict):
@@ -123,11 +130,11 @@ async def run_line(raw: bytes, endpoint: str, duplicate: bool, dispatch: Dispatc
     body = line.get("body")
     if not isinstance(body, dict):
         return _error(custom_id, "invalid_body", "'body' must be a JSON object.")
-    status, content, request_id = await dispatch(endpoint, json.dumps(body).encode())
+    status, content, request_id = await dispatch(endpoint, orjson.dumps(body))
     if status in RETRY_STATUSES:
         raise Retry(status)
     try:
-        parsed = json.loads(content)
+        parsed = orjson.loads(content)
     except ValueError:
         parsed = content.decode(errors="replace")
     record = {
@@ -142,7 +149,7 @@ async def run_line(raw: bytes, endpoint: str, duplicate: bool, dispatch: Dispatc
 def _inputs(raw: bytes) -> int:
     """How many inputs a line asks for (its body's input / documents list), at least 1."""
     try:
-        body = json.loads(raw).get("body") or {}
+        body = orjson.loads(raw).get("body") or {}
         items = body.get("input", body.get("documents", body.get("texts")))
     except (ValueError, AttributeError):
         return 1
@@ -162,6 +169,13 @@ def _read_wave(f: BinaryIO, max_lines: int, max_inputs: int) -> tuple[list[bytes
             lines.append(raw)
             inputs += _inputs(raw)
     return lines, f.tell()
+
+
+@dataclass
+class _Wave:
+    first: int  # the number of its first line
+    offset: int  # in the input file, after its last line
+    task: asyncio.Future[list[LineResult]]
 
 
 class Runner:
@@ -241,50 +255,72 @@ class Runner:
         counts = obj["request_counts"]
         with input_path.open("rb") as inp, out_path.open("ab") as out, err_path.open("ab") as err:
             inp.seek(progress.input_offset)
-            while True:
-                status = self.store.status(batch_id)
-                if status == "cancelling":
-                    obj["status"] = "cancelling"
-                    return True
-                if time.time() > obj["expires_at"]:
-                    return True  # _finalize closes it as expired, with what was done
-                if self.gate.stopping():
-                    return False
-                await self.gate.wait()
-                # idle: a wave fills engine batches; live requests in flight: one line
-                busy = self.gate.live() > 0
-                lines, offset = _read_wave(inp, 1 if busy else CHUNK, WAVE_INPUTS)
-                if not lines:
-                    return True
-                first = progress.lines_read
-                try:
-                    results = await asyncio.gather(
-                        *(
-                            run_line(
-                                raw,
-                                obj["endpoint"],
-                                first + i in progress.duplicates,
-                                self.dispatch,
-                            )
-                            for i, raw in enumerate(lines)
-                        )
+            dups = progress.duplicates
+            wave: _Wave | None = None  # sent, its results not written yet
+            try:
+                while True:
+                    status = self.store.status(batch_id)
+                    if status == "cancelling":
+                        obj["status"] = "cancelling"
+                        return True
+                    if time.time() > obj["expires_at"]:
+                        return True  # _finalize closes it as expired, with what was done
+                    if self.gate.stopping():
+                        return False
+                    if wave is None:
+                        await self.gate.wait()
+                        # idle: a wave fills engine batches; live requests in flight: one line
+                        busy = self.gate.live() > 0
+                        wave = self._send(inp, obj["endpoint"], progress.lines_read, dups, busy)
+                        if wave is None:
+                            return True
+                    try:
+                        results = await wave.task
+                    except Retry:
+                        wave = None
+                        inp.seek(progress.input_offset)  # nothing written: again, later
+                        await asyncio.sleep(0.2)
+                        continue
+                    done, wave = wave, None
+                    # Idle: the next wave goes to the engine now, while this one is written,
+                    # fsynced and committed (the engine would otherwise wait for the disk).
+                    if self.gate.live() == 0 and not self.gate.stopping():
+                        next_first = done.first + len(results)
+                        wave = self._send(inp, obj["endpoint"], next_first, dups, False)
+                    for r in results:
+                        (out if r.ok else err).write(r.encoded() + b"\n")
+                        counts["completed" if r.ok else "failed"] += 1
+                    out.flush()
+                    err.flush()
+                    await asyncio.to_thread(_fsync_both, out, err)
+                    progress = Progress(
+                        done.offset,
+                        done.first + len(results),
+                        out.tell(),
+                        err.tell(),
+                        dups,
                     )
-                except Retry:
-                    inp.seek(progress.input_offset)  # nothing written: the chunk again, later
-                    await asyncio.sleep(0.2)
-                    continue
-                for r in results:
-                    target = out if r.ok else err
-                    target.write(json.dumps(r.record, separators=(",", ":")).encode() + b"\n")
-                    counts["completed" if r.ok else "failed"] += 1
-                out.flush()
-                err.flush()
-                await asyncio.to_thread(_fsync_both, out, err)
-                progress = Progress(
-                    offset, first + len(lines), out.tell(), err.tell(), progress.duplicates
-                )
-                self.store.save(obj, progress)
-                obj["status"] = self.store.status(batch_id) or obj["status"]
+                    self.store.save(obj, progress)
+                    obj["status"] = self.store.status(batch_id) or obj["status"]
+            finally:
+                if wave is not None:  # sent ahead, never written: done again on resume
+                    wave.task.cancel()
+                    wave.task.add_done_callback(_retrieve)
+
+    def _send(
+        self, inp: BinaryIO, endpoint: str, first: int, duplicates: frozenset[int], busy: bool
+    ) -> _Wave | None:
+        """Read the next wave of lines (line `first` on) and send them; None at the end."""
+        lines, offset = _read_wave(inp, 1 if busy else CHUNK, WAVE_INPUTS)
+        if not lines:
+            return None
+        task = asyncio.gather(
+            *(
+                run_line(raw, endpoint, first + i in duplicates, self.dispatch)
+                for i, raw in enumerate(lines)
+            )
+        )
+        return _Wave(first, offset, task)
 
     def _finalize(self, obj: dict[str, Any]) -> None:
         """Register the output and error files and close the batch. Idempotent: the files'
@@ -321,6 +357,12 @@ class Runner:
         else:
             obj["status"], obj["completed_at"] = "completed", now
         self.store.save(obj)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """A dropped wave's outcome is not wanted (no 'exception never retrieved' warning)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _fsync_both(*files: BinaryIO) -> None:

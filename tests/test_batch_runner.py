@@ -1,0 +1,162 @@
+"""batch/runner.py on a scripted dispatch and a real SQLite store: the next wave goes to the
+engine while the last one is written and committed, and a wave refused with 429 (the one sent
+ahead included) is sent again, so every line is answered once, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+import pytest
+
+from openai_compat.batch import runner as runner_module
+from openai_compat.batch.runner import Gate, Runner
+from openai_compat.batch.store import Store
+
+LINES = 6
+
+
+def job(tmp_path: Path) -> tuple[Store, str]:
+    """A store holding one in-progress-to-be batch of LINES embedding lines."""
+    store = Store(tmp_path / "data")
+    source = tmp_path / "input.jsonl"
+    source.write_bytes(
+        b"\n".join(
+            orjson.dumps(
+                {
+                    "custom_id": f"c{i}",
+                    "method": "POST",
+                    "url": "/v1/embeddings",
+                    "body": {"model": "m", "input": [f"text {i}"]},
+                }
+            )
+            for i in range(LINES)
+        )
+    )
+    file_id = store.add_file(source, purpose="batch", filename="input.jsonl")["id"]
+    now = int(time.time())
+    store.add_batch(
+        {
+            "id": "batch_test",
+            "object": "batch",
+            "endpoint": "/v1/embeddings",
+            "errors": None,
+            "input_file_id": file_id,
+            "completion_window": "24h",
+            "status": "validating",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": now,
+            "in_progress_at": None,
+            "expires_at": now + 3600,
+            "finalizing_at": None,
+            "completed_at": None,
+            "failed_at": None,
+            "expired_at": None,
+            "cancelling_at": None,
+            "cancelled_at": None,
+            "request_counts": {"total": 0, "completed": 0, "failed": 0},
+            "metadata": None,
+        }
+    )
+    return store, "batch_test"
+
+
+def output(store: Store, batch_id: str) -> list[dict[str, Any]]:
+    obj = store.batch(batch_id)
+    assert obj is not None and obj["status"] == "completed", obj
+    path = store.file_path(obj["output_file_id"])
+    assert path is not None
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+@pytest.fixture(autouse=True)
+def waves_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner_module, "CHUNK", 2)  # lines per wave
+
+
+async def test_the_next_wave_is_sent_before_the_last_one_is_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, batch_id = job(tmp_path)
+    sent: list[str] = []
+    third_line_sent = threading.Event()
+
+    async def dispatch(url: str, body: bytes) -> tuple[int, bytes, str]:
+        text = orjson.loads(body)["input"][0]
+        sent.append(text)
+        if text == "text 2":
+            third_line_sent.set()
+        return 200, orjson.dumps({"echo": text}), f"req-{text}"
+
+    seen_during_first_fsync: list[bool] = []
+    real_fsync = runner_module._fsync_both
+
+    def fsync(*files: BinaryIO) -> None:  # runs in a thread: the loop stays free
+        if not seen_during_first_fsync:
+            seen_during_first_fsync.append(third_line_sent.wait(timeout=5))
+        real_fsync(*files)
+
+    monkeypatch.setattr(runner_module, "_fsync_both", fsync)
+    await Runner(lambda: store, dispatch, Gate(), max_requests=100).run(batch_id)
+    assert seen_during_first_fsync == [True]  # wave 2 was in flight while wave 1 was synced
+    records = output(store, batch_id)
+    assert [r["custom_id"] for r in records] == [f"c{i}" for i in range(LINES)]
+    assert [r["response"]["body"]["echo"] for r in records] == [f"text {i}" for i in range(LINES)]
+    assert [r["response"]["request_id"] for r in records] == [f"req-text {i}" for i in range(LINES)]
+    assert sorted(sent) == [f"text {i}" for i in range(LINES)]  # each line sent once
+    store.close()
+
+
+async def test_a_wave_sent_ahead_and_refused_is_sent_again(tmp_path: Path) -> None:
+    store, batch_id = job(tmp_path)
+    sent: list[str] = []
+    refused: set[str] = set()
+
+    async def dispatch(url: str, body: bytes) -> tuple[int, bytes, str]:
+        text = orjson.loads(body)["input"][0]
+        sent.append(text)
+        await asyncio.sleep(0)
+        if text in ("text 0", "text 3") and text not in refused:  # the first wave, a later one
+            refused.add(text)
+            return 429, b'{"error": {"message": "busy"}}', ""
+        return 200, orjson.dumps({"echo": text}), ""
+
+    await Runner(lambda: store, dispatch, Gate(), max_requests=100).run(batch_id)
+    records = output(store, batch_id)
+    assert [r["response"]["body"]["echo"] for r in records] == [f"text {i}" for i in range(LINES)]
+    assert all(r["response"]["status_code"] == 200 for r in records)
+    assert sent.count("text 0") == 2 and sent.count("text 3") == 2  # refused, then again
+    obj = store.batch(batch_id)
+    assert obj is not None
+    assert obj["request_counts"] == {"total": LINES, "completed": LINES, "failed": 0}
+    assert obj["error_file_id"] is None
+    store.close()
+
+
+async def test_no_wave_is_sent_ahead_while_live_requests_are_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Busy: one line a wave, each sent after the gate lets it (never ahead of its turn)."""
+    store, batch_id = job(tmp_path)
+    in_flight = 0
+    most = 0
+
+    async def dispatch(url: str, body: bytes) -> tuple[int, bytes, str]:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return 200, orjson.dumps({"echo": orjson.loads(body)["input"][0]}), ""
+
+    monkeypatch.setattr(runner_module, "MAX_YIELD", 0.0)  # no waiting for a pause that never comes
+    gate = Gate(live=lambda: 1)
+    await Runner(lambda: store, dispatch, gate, max_requests=100).run(batch_id)
+    assert most == 1
+    assert len(output(store, batch_id)) == LINES
+    store.close()
