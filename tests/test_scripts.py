@@ -91,8 +91,9 @@ def test_bench_short_mode_runs_and_writes_its_outputs(tmp_path: Path) -> None:
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_bench_batch_impact_runs_both_modes_and_reports_ratios(tmp_path: Path) -> None:
-    """--batch-impact on debugengine (tiny counts): live load alone and beside a batch job."""
+def test_bench_batch_impact_runs_every_mode_and_reports_ratios(tmp_path: Path) -> None:
+    """--batch-impact on debugengine (tiny counts): live load alone and beside a batch job,
+    the job alone, and the engine in-process."""
     import json
 
     out = subprocess.run(
@@ -129,3 +130,16 @@ def test_bench_batch_impact_runs_both_modes_and_reports_ratios(tmp_path: Path) -
         assert len(runs) == 2 and all(r["requests"] > 0 and r["errors"] == 0 for r in runs)
     assert len(report["ratio_p99"]) == 2 and all(r > 0 for r in report["ratio_p99"])
     assert all(x > 0 for x in report["batch_lines_per_s"])  # the batch moved meanwhile
+    assert len(report["job_alone_lines_per_s"]) == 2 and all(
+        x > 0 for x in report["job_alone_lines_per_s"]
+    )
+    assert len(report["inprocess_inputs_per_s"]) == 2
+    assert report["job_vs_inprocess"] == pytest.approx(
+        [
+            16 * j / e
+            for j, e in zip(
+                report["job_alone_lines_per_s"], report["inprocess_inputs_per_s"], strict=True
+            )
+        ]
+    )
+    assert "job with no live traffic:" in out.stdout
