@@ -359,9 +359,25 @@ def test_cli_interrupted_then_rerun_continues_without_duplicates(tmp_path: Path)
     assert output[:done_before] == kept  # the first run's lines kept as written, not redone
 
 
+def _ray_workers() -> set[int]:
+    """PIDs of live Ray Data actor processes running our LineWorker (zombies excluded)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if b"LineWorker" in cmdline and state != "Z":
+            found.add(int(proc.name))
+    return found
+
+
 def test_ray_job_output_equals_the_local_run(tmp_path: Path) -> None:
     """A local Ray instance (this machine's 2 CPUs), 2 actors: the same lines, in the same
-    order, with the same vectors and the same failures as the local CLI run."""
+    order, with the same vectors and the same failures as the local CLI run; afterwards no
+    actor process is left holding its models."""
+    before = _ray_workers()
     bodies = [{"model": MODEL, "input": [f"ray line {i}", f"second text {i}"]} for i in range(40)]
     lines = [_line(f"y{i}", b) for i, b in enumerate(bodies)]
     lines[10:10] = [b"not json", _line("y3", bodies[3]), _line("bad-url", bodies[0], url="/x")]
@@ -377,6 +393,13 @@ def test_ray_job_output_equals_the_local_run(tmp_path: Path) -> None:
     log = second.communicate(timeout=600)[0].decode(errors="replace")
     assert second.returncode == 0, log[-3000:]
     assert "40 lines ->" in log and "3 failed ->" in log
+    deadline = time.monotonic() + 30  # actors exit gracefully, a moment after the driver
+    while (left := _ray_workers() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:  # do not leave them to the rest of the suite either
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"Ray actor processes outlived the job: {left}"
     mine, theirs = _jsonl(ray.read_text()), _jsonl(local.read_text())
     assert (
         [o["custom_id"] for o in mine]

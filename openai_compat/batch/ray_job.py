@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 import tempfile
+import threading
+from pathlib import Path
 from typing import Any
 
 from openai_compat.settings import Settings
@@ -37,13 +40,25 @@ class LineWorker:
 
         settings = Settings.model_validate_json(settings_json)
         # the app's own Batch API store is unused here: keep it out of the real data dir
-        settings = settings.model_copy(update={"data_dir": tempfile.mkdtemp(prefix="oc-ray-")})
+        # (model_copy does not validate: the value must already be a Path)
+        settings = settings.model_copy(
+            update={"data_dir": Path(tempfile.mkdtemp(prefix="oc-ray-"))}
+        )
         logs.configure("warning", settings.log_format)
         self.endpoint = endpoint
         self.loop = asyncio.new_event_loop()
         self.app = create_app(settings)
         self.lifespan = self.app.router.lifespan_context(self.app)
         self.loop.run_until_complete(self._start())
+        # The hook concurrent.futures itself uses to stop its workers at exit (private API
+        # since 3.9; checked at run time). Hooks run newest first: registered after the
+        # engine made its thread pools (and concurrent.futures.thread registered its join),
+        # ours runs before that join.
+        import concurrent.futures.thread  # noqa: F401 (its exit hook exists before ours)
+
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            register(self.close)
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=self.app),
             base_url="http://batch.internal",
@@ -57,6 +72,30 @@ class LineWorker:
             await asyncio.sleep(0.1)
         if lifecycle.phase != "ready":
             raise RuntimeError(f"models failed to load: {lifecycle.error}")
+
+    def close(self) -> None:
+        """Stop the app (models, engine threads); idempotent. Runs when the actor process
+        exits: the engine's worker threads are not daemon threads, so without this the
+        interpreter's exit waits on them forever and the process outlives the job (and
+        ray.shutdown()), holding its models. Registered with threading's exit hooks, which
+        run before non-daemon threads are joined (Python's own atexit runs after that)."""
+        loop = getattr(self, "loop", None)
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.run_until_complete(self._stop())
+        except Exception:  # the process is going away either way: say so, do not raise
+            logging.getLogger(__name__).warning("stopping the replica failed", exc_info=True)
+        finally:
+            loop.close()
+
+    __del__ = close  # Ray Data's graceful actor shutdown drops the UDF
+
+    async def _stop(self) -> None:
+        client = getattr(self, "client", None)
+        if client is not None:
+            await client.aclose()
+        await self.lifespan.__aexit__(None, None, None)
 
     async def _dispatch(self, url: str, body: bytes) -> tuple[int, bytes, str]:
         resp = await self.client.post(
@@ -172,6 +211,4 @@ def _uri(path: str) -> str:
     """pyarrow wants absolute local paths or URIs."""
     if "://" in path:
         return path
-    from pathlib import Path
-
     return str(Path(path).resolve())
