@@ -57,6 +57,23 @@ def number(text: str) -> int:
     return int(digits) if digits else -1
 
 
+class Clock:
+    """The feeder's perf_counter, moved by the test (wave times, the quiet period)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(feeder_module, "time", fake)
+    return fake
+
+
 async def settle() -> None:
     for _ in range(10):
         await asyncio.sleep(0)
@@ -361,14 +378,15 @@ async def test_background_calls_never_share_a_wave_with_live_ones() -> None:
 
 
 async def test_beside_live_traffic_a_background_wave_trickles_small_chunks(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, clock: Clock
 ) -> None:
-    """While live calls run (or arrived within QUIET_S) a background wave keeps one chunk of
-    batch/8 inputs in the engine, shortest first, so a live call that arrives waits behind at
-    most that chunk; once live traffic is quiet the rest goes in full batches at once."""
+    """While live calls run (or arrived within QUIET_S) a background wave keeps one small
+    chunk in the engine, shortest first, so a live call that arrives waits behind at most
+    that chunk; once live traffic is quiet the rest goes in full batches at once."""
     monkeypatch.setattr(feeder_module, "QUIET_S", 3600.0)  # the test says when it is quiet
+    monkeypatch.setattr(feeder_module, "TRICKLE_S", 0.025)
     engine = ScriptedEngine()
-    feeder = Feeder(engine, batch_size=16)  # trickle chunks of 2
+    feeder = Feeder(engine, batch_size=16)  # chunks of 16 / 8 = 2 until a wave is timed
     live = asyncio.ensure_future(feeder.embed(["live 0"]))
     await settle()
     bulk_texts = texts("b", [5, 0, 4, 1, 3, 2, 7, 6], 10)
@@ -377,6 +395,7 @@ async def test_beside_live_traffic_a_background_wave_trickles_small_chunks(
     await settle()
     by_length = sorted(bulk_texts, key=len)
     assert engine.calls[1:] == [by_length[:2]]  # one small chunk, not a batch of 8
+    clock.now = 0.0125  # the live wave took 12.5 ms for its input: 2 inputs make 25 ms
     engine.finish(0)
     check(await live, ["live 0"])
     engine.finish(1)
@@ -386,6 +405,7 @@ async def test_beside_live_traffic_a_background_wave_trickles_small_chunks(
     later = asyncio.ensure_future(feeder.embed(["live 99"]))
     await settle()
     assert engine.calls[3:] == [["live 99"]]  # beside the one small background chunk
+    clock.now += 0.0125  # the same speed again
     engine.finish(3)
     check(await later, ["live 99"])
     monkeypatch.setattr(feeder_module, "QUIET_S", 0.0)  # live traffic has gone quiet
@@ -411,7 +431,7 @@ async def test_with_no_live_traffic_a_background_wave_goes_in_full_batches() -> 
 
 
 async def test_a_cancelled_background_call_is_not_trickled_on(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, clock: Clock
 ) -> None:
     monkeypatch.setattr(feeder_module, "QUIET_S", 3600.0)
     engine = ScriptedEngine()
@@ -432,3 +452,36 @@ async def test_a_cancelled_background_call_is_not_trickled_on(
     check(await kept, ["kxxxxx 20"])
     engine.finish(0)
     await live
+
+
+async def test_the_trickle_follows_the_engines_measured_speed(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock
+) -> None:
+    """Chunks of about TRICKLE_S of engine time: a fast engine gets larger chunks, a slow one
+    single inputs; a trickled (paced) wave's own duration does not count as engine speed."""
+    monkeypatch.setattr(feeder_module, "QUIET_S", 3600.0)
+    monkeypatch.setattr(feeder_module, "TRICKLE_S", 0.025)
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=64)
+    fast = asyncio.ensure_future(feeder.embed(texts("f", [0] * 10, 0)))
+    await settle()
+    clock.now = 0.005  # 10 inputs in 5 ms: 0.5 ms an input -> chunks of 50
+    engine.finish(0)
+    await fast
+    live = asyncio.ensure_future(feeder.embed(["live 0"]))
+    await settle()
+    bulk_texts = texts("b", list(range(60)), 100)
+    with feeder_module.background():
+        bulk = asyncio.ensure_future(feeder.embed(bulk_texts))
+    await settle()
+    assert [len(c) for c in engine.calls[2:]] == [50]
+    clock.now += 10.0  # the trickled wave's time is ours, not the engine's
+    engine.finish(2)
+    await settle()
+    assert [len(c) for c in engine.calls[3:]] == [10]  # the rest, still 50 at most
+    engine.finish(3)
+    check(await bulk, bulk_texts)
+    clock.now += 0.2  # the live wave: 1 input in 10.2 s (it waited behind the bulk)
+    engine.finish(1)
+    await live
+    assert feeder._trickle() == 1  # the engine now looks slow: one input at a time

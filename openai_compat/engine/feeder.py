@@ -27,9 +27,10 @@ Background calls (Batch API lines: `background()` around their dispatch) never s
 with live ones; live calls are considered first, one background wave may run beside a live
 one (so steady live traffic cannot starve a batch job), and a live wave may start while a
 background wave runs. A background wave hands the engine all its chunks at once only when
-no live call has arrived for QUIET_S; otherwise it trickles: one chunk of batch/8 inputs in
-the engine at a time, each sized when it goes, so a live request waits behind at most that
-much background work (not behind a whole wave of a job's lines).
+no live call has arrived for QUIET_S; otherwise it trickles: one chunk in the engine at a
+time, each sized when it goes to about TRICKLE_S of engine time (from the seconds per input
+of recent unpaced waves; batch/8 inputs before any), so a live request waits behind at most
+that much background work, not behind a whole wave of a job's lines.
 
 Calls are never split across waves or reordered between waves. A cancelled call that has
 not been released is dropped; once released, the chunks that hold only inputs of cancelled
@@ -55,7 +56,8 @@ GATHER_MAX_S = 0.010
 WINDOW_BATCHES = 8  # infinity-emb sorts up to 8 batches at a time (pop_optimal_batches)
 MAX_WAVES = 2
 QUIET_S = 0.5  # no live call for this long: background waves use full batches again
-TRICKLE_FRACTION = 8  # beside live traffic a background chunk is batch_size / 8 inputs
+TRICKLE_S = 0.025  # beside live traffic a background chunk is about this much engine time
+TRICKLE_FRACTION = 8  # ... or batch_size / 8 inputs until the engine's speed is known
 
 _BACKGROUND: ContextVar[bool] = ContextVar("openai_compat_background", default=False)
 
@@ -116,6 +118,7 @@ class _Wave:
     missing: list[int]  # per call: vectors still to come
     pending: list[tuple[int, int, int]]  # (length, call, position), sorted, not yet sent
     in_engine: int = 0  # chunks sent and not done
+    trickled: bool = False  # paced by us: its duration says nothing of the engine's speed
     members: dict[asyncio.Future[Any], set[int]] = field(default_factory=dict)  # chunk -> calls
 
 
@@ -132,7 +135,7 @@ class Feeder:
         self._expect = 1  # calls expected for the next wave
         self._wave_s = 0.0  # moving average of wave durations
         self._timer: asyncio.TimerHandle | None = None
-        self._trickle = max(1, self._batch // TRICKLE_FRACTION)
+        self._input_s = 0.0  # moving average of wave seconds per input
         self._last_live = -float("inf")  # when the last live call arrived (perf_counter)
 
     @property
@@ -240,8 +243,9 @@ class Feeder:
             # inputs of calls whose callers are gone are never sent
             wave.pending = [item for item in wave.pending if not calls[item[1]].future.done()]
         trickle = wave.background and self._live_active()
+        wave.trickled |= trickle and bool(wave.pending)
         while wave.pending and not (trickle and wave.in_engine):
-            size = self._trickle if trickle else self._batch
+            size = self._trickle() if trickle else self._batch
             chunk, wave.pending = wave.pending[:size], wave.pending[size:]
             texts = [calls[c].texts[i] for _, c, i in chunk]
             task = asyncio.ensure_future(self._engine.embed(texts))
@@ -253,6 +257,14 @@ class Feeder:
             task.add_done_callback(lambda t, chunk=chunk: self._chunk_done(wave, chunk, t))
         if not wave.pending and not wave.in_engine and wave in self._waves:
             self._wave_done(wave)  # every input left belonged to a cancelled call
+
+    def _trickle(self) -> int:
+        """Inputs in a background chunk beside live traffic: about TRICKLE_S of engine time
+        (from recent waves, whose time includes any queueing: an overestimate, so chunks
+        err small), 1 to batch_size."""
+        if not self._input_s:
+            return max(1, self._batch // TRICKLE_FRACTION)
+        return max(1, min(self._batch, round(TRICKLE_S / self._input_s)))
 
     def _live_active(self) -> bool:
         return (
@@ -284,8 +296,13 @@ class Feeder:
             self._wave_done(wave)
 
     def _wave_done(self, wave: _Wave) -> None:
+        elapsed = time.perf_counter() - wave.started
+        if not wave.trickled:
+            per_input = elapsed / sum(len(call.texts) for call in wave.calls)
+            self._input_s = (
+                per_input if not self._input_s else 0.8 * self._input_s + 0.2 * per_input
+            )
         if not wave.background:
-            elapsed = time.perf_counter() - wave.started
             self._wave_s = elapsed if not self._wave_s else 0.8 * self._wave_s + 0.2 * elapsed
             # its callers are about to come back, and those that waited meanwhile are here
             self._expect = max(1, len(wave.calls) + len(self._live.calls))
