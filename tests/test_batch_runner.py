@@ -15,6 +15,7 @@ import pytest
 
 from openai_compat.batch import runner as runner_module
 from openai_compat.batch.runner import Gate, Runner
+from openai_compat.batch.service import batch_object
 from openai_compat.batch.store import Store
 
 LINES = 6
@@ -38,32 +39,15 @@ def job(tmp_path: Path) -> tuple[Store, str]:
         )
     )
     file_id = store.add_file(source, purpose="batch", filename="input.jsonl")["id"]
-    now = int(time.time())
-    store.add_batch(
-        {
-            "id": "batch_test",
-            "object": "batch",
-            "endpoint": "/v1/embeddings",
-            "errors": None,
-            "input_file_id": file_id,
-            "completion_window": "24h",
-            "status": "validating",
-            "output_file_id": None,
-            "error_file_id": None,
-            "created_at": now,
-            "in_progress_at": None,
-            "expires_at": now + 3600,
-            "finalizing_at": None,
-            "completed_at": None,
-            "failed_at": None,
-            "expired_at": None,
-            "cancelling_at": None,
-            "cancelled_at": None,
-            "request_counts": {"total": 0, "completed": 0, "failed": 0},
-            "metadata": None,
-        }
+    obj = batch_object(
+        input_file_id=file_id,
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+        metadata=None,
+        now=int(time.time()),
     )
-    return store, "batch_test"
+    store.add_batch(obj)
+    return store, obj["id"]
 
 
 def output(store: Store, batch_id: str) -> list[dict[str, Any]]:

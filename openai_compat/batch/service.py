@@ -125,28 +125,46 @@ class BatchService:
         metadata: dict[str, str] | None,
         now: int,
     ) -> dict[str, Any]:
-        obj: dict[str, Any] = {
-            "id": new_id("batch_"),
-            "object": "batch",
-            "endpoint": endpoint,
-            "errors": None,
-            "input_file_id": input_file_id,
-            "completion_window": completion_window,
-            "status": "validating",
-            "output_file_id": None,
-            "error_file_id": None,
-            "created_at": now,
-            "in_progress_at": None,
-            "expires_at": now + 24 * 3600,
-            "finalizing_at": None,
-            "completed_at": None,
-            "failed_at": None,
-            "expired_at": None,
-            "cancelling_at": None,
-            "cancelled_at": None,
-            "request_counts": {"total": 0, "completed": 0, "failed": 0},
-            "metadata": metadata,
-        }
+        obj = batch_object(
+            input_file_id=input_file_id,
+            endpoint=endpoint,
+            completion_window=completion_window,
+            metadata=metadata,
+            now=now,
+        )
         self.store.add_batch(obj)
         self.runner.wake.set()
         return obj
+
+
+def batch_object(
+    *,
+    input_file_id: str,
+    endpoint: str,
+    completion_window: str,
+    metadata: dict[str, str] | None,
+    now: int,
+) -> dict[str, Any]:
+    """A new batch as OpenAI's Batch API shows it, validating (the runner takes it on)."""
+    return {
+        "id": new_id("batch_"),
+        "object": "batch",
+        "endpoint": endpoint,
+        "errors": None,
+        "input_file_id": input_file_id,
+        "completion_window": completion_window,
+        "status": "validating",
+        "output_file_id": None,
+        "error_file_id": None,
+        "created_at": now,
+        "in_progress_at": None,
+        "expires_at": now + 24 * 3600,
+        "finalizing_at": None,
+        "completed_at": None,
+        "failed_at": None,
+        "expired_at": None,
+        "cancelling_at": None,
+        "cancelled_at": None,
+        "request_counts": {"total": 0, "completed": 0, "failed": 0},
+        "metadata": metadata,
+    }
