@@ -156,7 +156,9 @@ def test_rerank_by_the_dot_product(srv: RemoteServer, reference: Any) -> None:
     want = {i: q.dot(reference(d)) for i, d in enumerate(docs)}
     assert got["results"][0]["index"] == 0
     for r in got["results"]:
-        assert r["relevance_score"] == pytest.approx(want[r["index"]], rel=1e-5)
+        # float noise of a batched vs a one-text forward scales with the vectors, not with
+        # the score: a near-zero score (0.0129) once differed by 3e-7 (CI)
+        assert r["relevance_score"] == pytest.approx(want[r["index"]], rel=1e-5, abs=1e-4)
     assert [r["index"] for r in got["results"]] == sorted(want, key=lambda i: -want[i])
 
 
