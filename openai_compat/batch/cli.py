@@ -84,6 +84,8 @@ async def _run(settings: Settings, source: Path, output: Path, endpoint: str) ->
 
 def _job(service: Any, source: Path, endpoint: str) -> dict[str, Any]:
     """The pending job of this state folder, or a new one for `source`."""
+    from openai_compat.batch.service import batch_object
+
     store = service.store
     batches, _ = store.batches(after=None, limit=1)
     if batches:
@@ -96,12 +98,14 @@ def _job(service: Any, source: Path, endpoint: str) -> dict[str, Any]:
             )
         return batch
     store.add_file(source, purpose="batch", filename=source.name, file_id=INPUT_ID, move=False)
-    created: dict[str, Any] = service.new_batch(
-        input_file_id=INPUT_ID,
-        endpoint=endpoint,
-        completion_window="24h",
-        metadata=None,
-        now=int(time.time()),
+    created: dict[str, Any] = service.submit(
+        batch_object(
+            input_file_id=INPUT_ID,
+            endpoint=endpoint,
+            completion_window="24h",
+            metadata=None,
+            now=int(time.time()),
+        )
     )
     return created
 

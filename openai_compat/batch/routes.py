@@ -19,7 +19,7 @@ from starlette.datastructures import UploadFile
 from starlette.responses import FileResponse, Response
 
 from openai_compat.batch.runner import ENDPOINTS
-from openai_compat.batch.service import BatchService
+from openai_compat.batch.service import BatchService, batch_object
 from openai_compat.encoding import orjson_response
 from openai_compat.errors import APIError, BadRequest, PayloadTooLarge
 from openai_compat.protocol import ERROR_RESPONSES
@@ -212,13 +212,14 @@ async def create_batch(request: Request) -> Response:
         )
     if body.metadata is not None and len(body.metadata) > 16:
         raise BadRequest("metadata takes at most 16 pairs.", param="metadata")
-    now = int(time.time())
-    obj = service.new_batch(
-        input_file_id=body.input_file_id,
-        endpoint=body.endpoint,
-        completion_window=body.completion_window,
-        metadata=body.metadata,
-        now=now,
+    obj = service.submit(
+        batch_object(
+            input_file_id=body.input_file_id,
+            endpoint=body.endpoint,
+            completion_window=body.completion_window,
+            metadata=body.metadata,
+            now=int(time.time()),
+        )
     )
     return orjson_response(obj)
 

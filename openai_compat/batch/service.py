@@ -116,22 +116,8 @@ class BatchService:
             self.inflight -= 1
         return resp.status_code, resp.content, resp.headers.get("x-request-id", "")
 
-    def new_batch(
-        self,
-        *,
-        input_file_id: str,
-        endpoint: str,
-        completion_window: str,
-        metadata: dict[str, str] | None,
-        now: int,
-    ) -> dict[str, Any]:
-        obj = batch_object(
-            input_file_id=input_file_id,
-            endpoint=endpoint,
-            completion_window=completion_window,
-            metadata=metadata,
-            now=now,
-        )
+    def submit(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store a new batch (from batch_object) and wake the runner for it."""
         self.store.add_batch(obj)
         self.runner.wake.set()
         return obj
