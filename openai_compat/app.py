@@ -25,11 +25,12 @@ from openai_compat.batch.service import BatchService
 from openai_compat.bodies import BodyParser
 from openai_compat.errors import install_error_handlers
 from openai_compat.lifecycle import Lifecycle, in_daemon_thread
+from openai_compat.loading import load_models, stop_engines
 from openai_compat.media import MediaFetcher
 from openai_compat.metrics import Metrics
 from openai_compat.middleware import FastPathMiddleware, GatewayMiddleware, fast_path_table
 from openai_compat.protocol import REQUEST_MODELS
-from openai_compat.registry import EngineFailure, Registry, load_models, stop_engines
+from openai_compat.registry import EngineFailure, Registry
 from openai_compat.routes import (
     classify,
     embeddings,

@@ -12,6 +12,7 @@ from typing import Any
 
 from openai_compat import __version__, logs
 from openai_compat.settings import (
+    BACKENDS,
     ConfigError,
     Settings,
     build_settings,
@@ -157,7 +158,7 @@ def download(settings: Settings) -> int:
         else:
             path = snapshot_download(source, revision=model.revision)
             print(f"{model.served_name}: {source} -> {path}")
-        if model.engine in backends.BACKENDS:
+        if model.engine in BACKENDS:
             export = backends.prepare_for(model, settings.exports())
             print(
                 f"{model.served_name}: {model.engine} export -> {export.folder / export.file_name}"

@@ -27,6 +27,16 @@ ENV_PREFIX = "OPENAI_COMPAT_"
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 CAPABILITIES = ("embed", "rerank", "classify", "image", "audio")
+# The exported CPU backends (engine/backends.py builds them); a setting's vocabulary.
+BACKENDS: tuple[str, ...] = ("onnx", "openvino")
+
+
+def default_export_dir() -> Path:
+    """Beside the Hugging Face cache, so images that bake HF_HOME carry the exports too."""
+    hf_home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    return Path(hf_home) / "openai-compat-exports"
 
 
 class ConfigError(ValueError):
@@ -132,8 +142,6 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _quantize_needs_a_backend(self) -> ModelConfig:
-        from openai_compat.engine.backends import BACKENDS
-
         if self.quantize is not None and self.engine not in BACKENDS:
             names = " or ".join(repr(b) for b in BACKENDS)
             raise ValueError(f"quantize applies to engine = {names} only")
@@ -286,8 +294,6 @@ class Settings(BaseModel):
         return Path(base) / "openai-compat"
 
     def exports(self) -> Path:
-        from openai_compat.engine.backends import default_export_dir
-
         return self.export_dir or default_export_dir()
 
     @field_validator("api_key")

@@ -29,15 +29,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from openai_compat.settings import ModelConfig
+from openai_compat.settings import BACKENDS, ModelConfig
 
 logger = logging.getLogger("openai_compat")
 
 Backend = Literal["onnx", "openvino"]
-BACKENDS: tuple[str, ...] = ("onnx", "openvino")
 OPTIMIZATION = "O3"  # ORT graph fusions incl. fast GELU; cosine to torch 1.0000 on MiniLM
 OPENVINO_FP32 = "openvino_model.xml"  # what sentence-transformers' save_pretrained writes
 OPENVINO_INT8 = "openvino_model_qint8_quantized.xml"  # sentence-transformers' naming
@@ -48,14 +46,6 @@ class Export:
     folder: Path
     file_name: str  # relative to folder, e.g. "onnx/model_O3.onnx"
     backend: Backend = "onnx"
-
-
-def default_export_dir() -> Path:
-    """Beside the Hugging Face cache, so images that bake HF_HOME carry the exports too."""
-    hf_home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
-    )
-    return Path(hf_home) / "openai-compat-exports"
 
 
 def slug(name: str) -> str:

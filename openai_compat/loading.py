@@ -1,0 +1,298 @@
+"""Engine loading: configured model -> started infinity-emb engine -> registered ModelEntry.
+
+Owns engine construction (exported backends, sparse heads, length caps), the probe that tells
+what a started engine can do, int8 calibration and its cache, warm-up, and stopping engines.
+It must not answer requests or look names up: that is registry.py (names -> entries) and
+inference.py (requests -> engine calls). infinity-emb's public API is named here and in
+inference.py; its internals only in engine/adapter.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from openai_compat.compact import CALIBRATION_TEXTS, Quantizer
+from openai_compat.engine import adapter, backends
+from openai_compat.engine.feeder import Feeder
+from openai_compat.lifecycle import in_daemon_thread
+from openai_compat.prompts import Prompts
+from openai_compat.registry import Capability, EngineFailure, ModelEntry, Registry
+from openai_compat.settings import BACKENDS, ModelConfig, default_export_dir
+from openai_compat.tokens import Cl100kDecoder, ModelTokenIdDecoder, TokenCounter
+
+logger = logging.getLogger("openai_compat")
+
+# infinity-emb's capability names -> ours
+_CAPABILITIES: dict[str, Capability] = {
+    "embed": "embed",
+    "rerank": "rerank",
+    "classify": "classify",
+    "image_embed": "image",
+    "audio_embed": "audio",
+}
+
+
+def engine_args(config: ModelConfig) -> Any:
+    from infinity_emb import EngineArgs
+
+    options: dict[str, Any] = dict(
+        model_name_or_path=config.source,
+        served_model_name=config.served_name,
+        engine=config.engine,
+        device=config.device,
+        batch_size=config.batch_size,
+        revision=config.revision,
+        trust_remote_code=config.trust_remote_code,
+        dtype=config.dtype,
+        pooling_method=config.pooling_method,
+        # Our own, cheaper warm-up runs instead (warm_up).
+        model_warmup=False,
+        compile=config.compile,
+        bettertransformer=config.bettertransformer,
+        # Priorities by character length: our own counter does the real token counting.
+        lengths_via_tokenize=False,
+    )
+    if config.engine in BACKENDS:
+        # infinity-emb's torch embedder batches; its transformer is swapped for the export
+        # (create_engine), so the torch weights need no acceleration.
+        options.update(engine="torch", device="cpu", bettertransformer=False, compile=False)
+    return EngineArgs(**options)
+
+
+def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
+    """Build (load weights of) one infinity-emb engine. Blocking: run it in a thread."""
+    from infinity_emb import AsyncEmbeddingEngine
+
+    try:
+        args = engine_args(config)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise EngineFailure(f"model {config.served_name!r}: invalid engine options: {exc}") from exc
+    engine = AsyncEmbeddingEngine.from_args(args)
+    replica = adapter.replica_of(engine)
+    sparse = config.kind == "sparse" or (
+        config.kind == "auto" and adapter.is_masked_lm(config.source)
+    )
+    try:
+        if sparse and config.engine in BACKENDS:
+            raise ValueError(f"engine = {config.engine!r} cannot serve a sparse model")
+        if config.engine in BACKENDS:
+            export = backends.prepare_for(config, export_dir or default_export_dir())
+            adapter.use_transformer_module(replica, backends.load_module(export))
+        if sparse:
+            adapter.serve_sparse(replica, config.source, config.trust_remote_code)
+        adapter.apply_max_length(replica, config.max_length)
+    except ValueError as exc:
+        raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
+    return engine
+
+
+async def _probe(engine: Any, counter: TokenCounter | None) -> tuple[list[Any], bool]:
+    """One embedding through the engine; and whether the token count the engine reported
+    for it (if any) matches the model's tokenizer (only then is it trusted)."""
+    vectors, _ = await engine.embed(["dimension probe"])
+    expected = await counter.usage(["dimension probe"], truncate=True) if counter else None
+    return vectors, adapter.engine_token_count(vectors) == expected
+
+
+def calibration_file(config: ModelConfig, cache_dir: Path) -> Path:
+    """Where a model's calibration embeddings are kept between starts: keyed by everything
+    that changes them (source, revision, engine, dtype, pooling, the calibration texts, and
+    for a local folder its files' sizes and times)."""
+    parts = [config.source, config.revision or "", config.engine, config.quantize or ""]
+    parts += [config.dtype, config.pooling_method, config.device, "\n".join(CALIBRATION_TEXTS)]
+    folder = Path(config.source)
+    if folder.is_dir():
+        for f in sorted(folder.iterdir()):
+            if f.is_file():
+                st = f.stat()
+                parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    return cache_dir / "calibration" / f"{backends.slug(config.served_name)}-{key}.npy"
+
+
+async def calibrate(engine: Any, config: ModelConfig, cache_dir: Path | None) -> Quantizer:
+    """The int8 calibration: the fixed texts' embeddings, read from the cache when one
+    exists and still matches the model (its first text is embedded again and compared),
+    else embedded (two batches: half a second on one CPU core for MiniLM) and cached."""
+    path = calibration_file(config, cache_dir) if cache_dir is not None else None
+    if path is not None and path.is_file():
+        try:
+            cached = np.load(path, allow_pickle=False)
+        except (OSError, ValueError):
+            cached = None
+        if cached is not None and cached.ndim == 2 and len(cached) == len(CALIBRATION_TEXTS):
+            first, _ = await engine.embed([CALIBRATION_TEXTS[0]])
+            fresh = np.asarray(first[0], dtype=np.float32)
+            if fresh.shape == cached[0].shape and np.allclose(fresh, cached[0], atol=1e-4):
+                return Quantizer(cached, config.quantization_range, from_cache=True)
+            logger.info(
+                "model %r: cached calibration is stale; measuring again", config.served_name
+            )
+    vectors, _ = await engine.embed(list(CALIBRATION_TEXTS))
+    matrix = np.asarray(vectors, dtype=np.float32)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.stem}.tmp-{os.getpid()}.npy")
+            np.save(tmp, matrix, allow_pickle=False)
+            tmp.replace(path)
+        except OSError as exc:  # a read-only cache is fine: measure on every start
+            logger.info("model %r: calibration not cached (%s)", config.served_name, exc)
+    return Quantizer(matrix, config.quantization_range)
+
+
+async def describe(
+    config: ModelConfig,
+    engine: Any,
+    cl100k: Cl100kDecoder | None,
+    cache_dir: Path | None = None,
+) -> ModelEntry:
+    """Inspect a started engine: capabilities, size, tokenizer, the limit it applies."""
+    problems = adapter.contract_problems(engine)
+    if problems:
+        raise EngineFailure("; ".join(problems))
+    caps = frozenset(_CAPABILITIES[c] for c in engine.capabilities if c in _CAPABILITIES)
+    native = set(engine.capabilities)
+    replica = adapter.replica_of(engine)
+    backend = adapter.backend_tokenizer(replica)
+    max_length = adapter.applied_max_length(replica)
+    counter = TokenCounter(backend, max_length) if backend is not None else None
+    decoder: Any | None = None
+    if config.token_ids == "cl100k_base":
+        decoder = cl100k
+    elif config.token_ids == "model" and backend is not None:
+        decoder = ModelTokenIdDecoder(backend)
+    folder, folder_default = adapter.folder_prompts(replica)
+    try:
+        prompts = Prompts.resolve(config.prompts, config.default_prompt, folder, folder_default)
+    except ValueError as exc:
+        raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
+    dimensions = None
+    multivector = False
+    engine_counts = False
+    raw_output = False
+    quantizer = None
+    sparse_size = adapter.sparse_size(replica)
+    if sparse_size is not None:
+        # A SPLADE model (create_engine): sparse vectors, and rerank by their dot product.
+        caps = (caps - {"embed"}) | {"sparse", "rerank"}
+        dimensions = sparse_size
+        vectors, engine_counts = await _probe(engine, counter)
+    elif "embed" in caps:
+        counting = adapter.count_tokens_in_engine(replica)
+        vectors, counts_match = await _probe(engine, counter)
+        engine_counts = counting and counts_match
+        raw_output = adapter.raw_vectors(vectors) is not None
+        probe = np.asarray(vectors[0])
+        dimensions = int(probe.shape[-1])
+        multivector = probe.ndim == 2
+        if not multivector:
+            # Cosine similarity of embeddings gives every single-vector model a rerank ability.
+            caps = caps | {"rerank"}
+            quantizer = await calibrate(engine, config, cache_dir)
+    return ModelEntry(
+        config=config,
+        engine=engine,
+        capabilities=caps,
+        dimensions=dimensions,
+        max_length=max_length,
+        counter=counter,
+        token_decoder=decoder,
+        logits=adapter.LogitsRunner.for_replica(replica, config.served_name),
+        multivector=multivector,
+        engine_counts=engine_counts,
+        raw_output=raw_output,
+        image_tokens=adapter.image_tokens(replica) if "image" in caps else 0,
+        sampling_rate=adapter.sampling_rate(replica) if "audio" in caps else None,
+        cosine_rerank="embed" in native and "rerank" in caps and sparse_size is None,
+        sparse=sparse_size is not None,
+        prompts=prompts,
+        quantizer=quantizer,
+        feeder=Feeder(engine, config.batch_size)
+        if config.wave_batching and ("embed" in native or sparse_size is not None)
+        else None,
+    )
+
+
+async def load_models(registry: Registry, export_dir: Path | None = None) -> None:
+    """Load, start and warm every configured model in order, and register it."""
+    cl100k = await in_daemon_thread(Cl100kDecoder, name="cl100k")
+
+    async def load(config: ModelConfig) -> ModelEntry:
+        started = time.perf_counter()
+        logger.info("loading model %r from %s", config.served_name, config.model)
+        try:
+            engine = await in_daemon_thread(
+                create_engine, config, export_dir, name=config.served_name
+            )
+            registry.engines.append(engine)
+            await engine.astart()
+            entry = await describe(config, engine, cl100k, export_dir or default_export_dir())
+            if config.model_warmup:
+                await warm_up(entry)
+        except EngineFailure:
+            raise
+        except Exception as exc:
+            raise EngineFailure(
+                f"model {config.served_name!r} ({config.model}) failed to load: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        entry.load_seconds = time.perf_counter() - started
+        logger.info(
+            "model %r ready in %.1fs: %s, dimensions=%s, max_length=%s",
+            entry.name,
+            entry.load_seconds,
+            ",".join(sorted(entry.capabilities)),
+            entry.dimensions,
+            entry.max_length,
+        )
+        return entry
+
+    # One at a time: transformers' from_pretrained builds models under process-global
+    # contexts (meta-device init), and two loads in parallel threads corrupt each other
+    # ("Cannot copy out of meta tensor").
+    for config in registry.configs:
+        registry.add(await load(config))
+
+
+async def warm_up(entry: ModelEntry) -> None:
+    """One full batch of short inputs and one input at the model's limit, through the same
+    engine path requests take: allocators, kernels and the batcher are warm for the first
+    request. (infinity-emb's own warm-up runs a dozen batches, up to 512 tokens each: most of
+    a CPU replica's start-up, for timings it no longer uses.)"""
+    size = entry.config.batch_size
+    short = [f"warm-up {i}" for i in range(size)]
+    longest = " ".join(["warm"] * (entry.max_length or 512))
+    engine = entry.engine
+    if "embed" in entry.capabilities or entry.sparse:
+        if entry.quantizer is None or entry.quantizer.from_cache:  # else calibration ran them
+            await engine.embed(short)
+        await engine.embed([longest])
+    elif "rerank" in entry.capabilities:
+        await engine.rerank(query="warm-up", docs=short)
+        await engine.rerank(query="warm-up", docs=[longest])
+    elif "classify" in entry.capabilities:
+        await engine.classify(sentences=short)
+        await engine.classify(sentences=[longest])
+
+
+async def stop_engines(registry: Registry) -> None:
+    """Stop every engine that was started, as one AsyncEngineArray."""
+    if not registry.engines:
+        return
+    from infinity_emb import AsyncEngineArray
+
+    for entry in registry.entries():
+        if entry.logits is not None:
+            entry.logits.close()
+        if entry.feeder is not None:
+            entry.feeder.close()
+    engines, registry.engines = registry.engines, []
+    await AsyncEngineArray(engines=engines).astop()
