@@ -15,11 +15,25 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from openai_compat import __version__, logs
-from openai_compat.api import shared, vllm
+from openai_compat.api import playground, probes, shared, vllm
 from openai_compat.api.cohere import embed as cohere_embed
-from openai_compat.api.cohere.protocol import EmbedRequestV1, EmbedRequestV2
+from openai_compat.api.cohere import rerank
+from openai_compat.api.cohere.protocol import (
+    EmbedRequestV1,
+    EmbedRequestV2,
+    RerankRequest,
+    RerankRequestV2,
+)
 from openai_compat.api.infinity import routes as infinity_routes
+from openai_compat.api.openai import classify, embeddings, models
 from openai_compat.api.tei import routes as tei_routes
+from openai_compat.api.tutorial import routes as tutorial
+from openai_compat.api.tutorial.protocol import (
+    TutorialClassifyRequest,
+    TutorialEmbedRequest,
+    TutorialImageEmbedRequest,
+    TutorialRerankRequest,
+)
 from openai_compat.batch import routes as batch_routes
 from openai_compat.batch.service import BatchService
 from openai_compat.bodies import BodyParser
@@ -29,21 +43,26 @@ from openai_compat.loading import load_models, stop_engines
 from openai_compat.media import MediaFetcher
 from openai_compat.metrics import Metrics
 from openai_compat.middleware import FastPathMiddleware, GatewayMiddleware, fast_path_table
-from openai_compat.protocol import REQUEST_MODELS
+from openai_compat.protocol import ClassifyRequest, EmbeddingRequest
 from openai_compat.registry import EngineFailure, Registry
-from openai_compat.routes import (
-    classify,
-    embeddings,
-    health,
-    metrics_route,
-    models,
-    playground,
-    rerank,
-    tutorial,
-)
 from openai_compat.settings import Settings
 
 logger = logging.getLogger("openai_compat")
+
+# Request bodies that routes parse themselves (api.request.read_body); custom_openapi
+# publishes their schemas.
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    EmbeddingRequest,
+    RerankRequest,
+    RerankRequestV2,
+    ClassifyRequest,
+    EmbedRequestV1,
+    EmbedRequestV2,
+    TutorialEmbedRequest,
+    TutorialImageEmbedRequest,
+    TutorialRerankRequest,
+    TutorialClassifyRequest,
+)
 
 
 async def _load(registry: Registry, lifecycle: Lifecycle, settings: Settings) -> None:
@@ -124,9 +143,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     # (router, prefix, in OpenAPI): the /v1 routes also answer without /v1 for clients
     # configured with a bare base URL; the tutorial's /classify also takes /v1/classify's body.
     mounted = [
-        (health.router, "", True),
+        (probes.router, "", True),
         (playground.router, "", False),
-        (metrics_route.router, "", True),
         (rerank.router, "", True),
         (cohere_embed.router, "", True),
         (models.router, "/v1", True),
@@ -136,7 +154,6 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         (batch_routes.router, "", False),
         (infinity_routes.router, "", True),  # before the bare /models: infinity's shape
         (models.router, "", False),
-        (embeddings.router, "", False),
         (tutorial.router, "", True),
         (shared.router, "", True),
         (tei_routes.router, "", True),
@@ -173,8 +190,7 @@ def custom_openapi(app: FastAPI) -> dict[str, Any]:
         title=app.title, version=app.version, summary=app.summary, routes=app.routes
     )
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    models: tuple[type[BaseModel], ...] = (*REQUEST_MODELS, EmbedRequestV1, EmbedRequestV2)
-    for model in models:
+    for model in REQUEST_MODELS:
         body = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(body.pop("$defs", {}))
         components[model.__name__] = body

@@ -91,7 +91,7 @@ class ServiceUnavailable(APIError):
 ErrorFamily = Literal["openai", "cohere", "tei"]
 
 # Paths whose clients expect another family's errors; everything else answers in OpenAI's
-# envelope. Bare paths shared by several dialects (dialects.py) set the family per request.
+# envelope. Bare paths shared by several dialects (api/shared.py) set the family per request.
 _PATH_FAMILIES: dict[str, ErrorFamily] = {
     **dict.fromkeys(("/v1/embed", "/v2/embed", "/v1/rerank", "/v2/rerank"), "cohere"),
     **dict.fromkeys(("/", "/predict", "/decode", "/info", "/embed_sparse"), "tei"),
@@ -116,7 +116,7 @@ def family_of(path: str) -> ErrorFamily:
 
 def family_for(scope: Mapping[str, Any]) -> ErrorFamily:
     """The family a request's errors use: set by its route once the dialect is known (see
-    dialects.py), else the path's."""
+    api/shared.py), else the path's."""
     chosen: ErrorFamily | None = scope.get("state", {}).get("error_family")
     return chosen or family_of(scope["path"])
 

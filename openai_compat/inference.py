@@ -6,6 +6,7 @@ The /v1 routes and the tutorial's routes both call these functions: one implemen
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -525,3 +526,14 @@ async def classify_pairs(
     finite_scores(entry, [score for item in labels for _, score in item])
     tokens = await entry.counter.pairs_usage(inputs) if entry.counter is not None else 0
     return labels, tokens
+
+
+def raw_score(entry: ModelEntry, score: float) -> float:
+    """A rerank score back to the model's own scale: the logit for a cross-encoder (whose
+    score is its sigmoid), the cosine for an embedding model (score = (cos + 1) / 2)."""
+    if entry.cosine_rerank:
+        return 2.0 * score - 1.0
+    if entry.sparse:  # the dot product itself
+        return score
+    score = min(max(score, 1e-12), 1 - 1e-12)
+    return math.log(score / (1.0 - score))

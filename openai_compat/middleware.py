@@ -263,7 +263,7 @@ def fast_path_table(routes: Iterable[tuple[str, APIRoute]]) -> dict[str, Endpoin
             what = ", ".join(declared) or "router dependencies"
             raise RuntimeError(
                 f"POST {path} ({route.endpoint.__qualname__}) declares {what}; fast-path "
-                "handlers take only the Request (see openai_compat/routes/__init__.py)"
+                "handlers take only the Request (see openai_compat/api/request.py)"
             )
         table[path] = route.endpoint
     return table

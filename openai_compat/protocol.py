@@ -6,7 +6,7 @@ numpy arrays with orjson instead of validating large float arrays through pydant
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -78,6 +78,10 @@ TokenIds = list[StrictInt]
 EmbeddingInput = Annotated[
     StrictStr | TokenIds | list[StrictStr] | list[TokenIds], Field(union_mode="left_to_right")
 ]
+
+
+# infinity-emb's model name when a request names none (its routes, and our bare /embeddings).
+UNNAMED = "default/not-specified"
 
 
 class EmbeddingRequest(BaseModel):
@@ -169,81 +173,6 @@ class ReadyResponse(BaseModel):
     models: list[str]
 
 
-# ---------------------------------------------------------------- rerank
-
-RerankDocument = StrictStr | dict[str, Any]
-
-
-class RerankRequest(BaseModel):
-    """Cohere v1's rerank request, which Jina's also fits. `null` means "not given"."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: StrictStr
-    query: StrictStr
-    documents: list[RerankDocument] = Field(
-        description="Strings, {'text': ...} objects, or objects ranked on `rank_fields`."
-    )
-    top_n: StrictInt | None = Field(None, description="Return the best N (default: all).")
-    return_documents: bool | None = Field(
-        None, description="Include each document in its result (default false)."
-    )
-    rank_fields: list[StrictStr] | None = Field(
-        None, description="Fields of object documents to rank on, in order (default: text)."
-    )
-    max_chunks_per_doc: StrictInt | None = Field(
-        None,
-        description="Accepted for compatibility; documents longer than the model's maximum "
-        "are truncated, not chunked.",
-    )
-    max_tokens_per_doc: StrictInt | None = Field(
-        None, description="Truncate each document to this many tokens first."
-    )
-
-
-class RerankRequestV2(RerankRequest):
-    """Cohere v2's rerank request."""
-
-
-class RerankDocumentText(BaseModel):
-    text: str
-
-
-class RerankResult(BaseModel):
-    index: int
-    relevance_score: float = Field(description="In [0, 1]; higher is more relevant.")
-    document: RerankDocumentText | dict[str, Any] | None = Field(
-        None, description="Only when return_documents is true; absent otherwise."
-    )
-
-
-class ApiVersion(BaseModel):
-    version: str
-
-
-class BilledUnits(BaseModel):
-    search_units: int
-
-
-class TokensMeta(BaseModel):
-    input_tokens: int
-    output_tokens: int
-
-
-class RerankMeta(BaseModel):
-    api_version: ApiVersion
-    billed_units: BilledUnits
-    tokens: TokensMeta
-
-
-class RerankResponse(BaseModel):
-    id: str
-    results: list[RerankResult]
-    meta: RerankMeta
-    model: str
-    usage: Usage
-
-
 # ---------------------------------------------------------------- classify
 
 
@@ -275,74 +204,3 @@ class ClassifyResponse(BaseModel):
     data: list[Classification]
     model: str
     usage: Usage
-
-
-# ---------------------------------------------------------------- the tutorial's routes
-# Models are picked by position in the configured list; defaults follow the tutorial's order
-# (0 CLIP, 1 text embeddings, 2 reranker, 3 classifier).
-
-
-class TutorialEmbedRequest(BaseModel):
-    sentences: list[StrictStr]
-    model_index: StrictInt = 1
-    input_type: StrictStr | None = Field(None, description="The prompt to embed with.")
-    prompt_name: StrictStr | None = None
-
-
-class TutorialImageEmbedRequest(BaseModel):
-    image_urls: list[StrictStr] = Field(description="http(s) URLs or data: URIs.")
-    model_index: StrictInt = 0
-
-
-class TutorialRerankRequest(BaseModel):
-    query: StrictStr
-    docs: list[StrictStr]
-    model_index: StrictInt = 2
-
-
-class TutorialClassifyRequest(BaseModel):
-    sentences: list[StrictStr]
-    model_index: StrictInt = 3
-
-
-class TutorialEmbedResponse(BaseModel):
-    embeddings: list[list[float]]
-    usage: int
-    model: str
-
-
-class TutorialRanking(BaseModel):
-    index: int
-    relevance_score: float
-    document: str
-
-
-class TutorialRerankResponse(BaseModel):
-    rankings: list[TutorialRanking]
-    usage: int
-    model: str
-
-
-class TutorialClassifyResponse(BaseModel):
-    classifications: list[list[LabelScore]]
-    usage: int
-    model: str
-
-
-def classify_request_model(data: Any) -> type[BaseModel]:
-    """/classify takes the tutorial's body (`sentences`) or /v1/classify's (`input`)."""
-    tutorial = isinstance(data, dict) and "sentences" in data and "input" not in data
-    return TutorialClassifyRequest if tutorial else ClassifyRequest
-
-
-# Request bodies parsed by routes.read_body; app.custom_openapi publishes their schemas.
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (
-    EmbeddingRequest,
-    RerankRequest,
-    RerankRequestV2,
-    ClassifyRequest,
-    TutorialEmbedRequest,
-    TutorialImageEmbedRequest,
-    TutorialRerankRequest,
-    TutorialClassifyRequest,
-)

@@ -11,15 +11,13 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 
 from openai_compat import bodies
+from openai_compat.api.infinity.protocol import InfinityClassifyRequest
+from openai_compat.api.shared import chooser
+from openai_compat.api.tutorial.protocol import TutorialClassifyRequest
 from openai_compat.bodies import BodyParser
 from openai_compat.errors import validation_message
 from openai_compat.middleware import fast_path_table
-from openai_compat.protocol import (
-    ClassifyRequest,
-    EmbeddingRequest,
-    TutorialClassifyRequest,
-    classify_request_model,
-)
+from openai_compat.protocol import EmbeddingRequest
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +70,13 @@ async def test_big_and_small_invalid_bodies_fail_alike(parser: BodyParser) -> No
 
 async def test_a_chooser_picks_the_request_shape_for_big_bodies_too(parser: BodyParser) -> None:
     sentences = ["good " * 200] * 1200
-    req = await parser.parse(
-        _big({"sentences": sentences, "model_index": 2}), classify_request_model
-    )
+    classify = chooser("/classify")
+    req = await parser.parse(_big({"sentences": sentences, "model_index": 2}), classify)
     assert isinstance(req, TutorialClassifyRequest) and req.model_index == 2
-    req = await parser.parse(orjson.dumps({"model": "s", "input": "hi"}), classify_request_model)
-    assert isinstance(req, ClassifyRequest)
+    req = await parser.parse(orjson.dumps({"model": "s", "input": "hi"}), classify)
+    assert isinstance(req, InfinityClassifyRequest)
     with pytest.raises(RequestValidationError) as info:
-        await parser.parse(b"{not json", classify_request_model)
+        await parser.parse(b"{not json", classify)
     assert validation_message(info.value.errors())[2] == "invalid_json"
 
 

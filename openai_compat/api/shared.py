@@ -1,16 +1,25 @@
-"""The bare paths several APIs define: one route each, dispatched on the body (dialects.py)."""
+"""The bare paths several APIs define: one route each, dispatched on the body's dialect.
+
+`/v1/...` and `/v2/...` speak OpenAI, Cohere and Jina. The bare paths speak infinity-emb's
+API where infinity defines the path (it serves without a prefix), TEI's where TEI defines it,
+and the original tutorial's where the tutorial does. Where several define the same path, the
+body's required key says which one the client speaks (SHARED_PATHS, one table); a body with
+none of them is a 400 that names the key each dialect expects.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
 from openai_compat.api.infinity.protocol import InfinityClassifyRequest, InfinityRerankRequest
 from openai_compat.api.infinity.routes import infinity_classify, infinity_rerank
+from openai_compat.api.request import body_openapi, read_body
 from openai_compat.api.tei.protocol import (
     TEI_ERROR_RESPONSES,
     TeiEmbedRequest,
@@ -18,15 +27,67 @@ from openai_compat.api.tei.protocol import (
     TeiTokenizeRequest,
 )
 from openai_compat.api.tei.routes import tei_embed, tei_rerank, tei_tokenize
-from openai_compat.api.vllm import VllmTokenizeRequest, vllm_tokenize
-from openai_compat.dialects import SHARED_PATHS, chooser, no_dialect
-from openai_compat.protocol import (
-    ERROR_RESPONSES,
+from openai_compat.api.tutorial import routes as tutorial
+from openai_compat.api.tutorial.protocol import (
     TutorialClassifyRequest,
     TutorialEmbedRequest,
     TutorialRerankRequest,
 )
-from openai_compat.routes import body_openapi, read_body, tutorial
+from openai_compat.api.vllm import VllmTokenizeRequest, vllm_tokenize
+from openai_compat.bodies import Chooser
+from openai_compat.errors import BadRequest
+from openai_compat.protocol import ERROR_RESPONSES
+
+# path -> (the key that marks a dialect, the dialect, its request model), first match wins.
+SHARED_PATHS: dict[str, tuple[tuple[str, str, type[BaseModel]], ...]] = {
+    "/embed": (
+        ("sentences", "tutorial", TutorialEmbedRequest),
+        ("inputs", "tei", TeiEmbedRequest),
+    ),
+    "/rerank": (
+        ("docs", "tutorial", TutorialRerankRequest),
+        ("documents", "infinity", InfinityRerankRequest),
+        ("texts", "tei", TeiRerankRequest),
+    ),
+    "/classify": (
+        ("sentences", "tutorial", TutorialClassifyRequest),
+        ("input", "infinity", InfinityClassifyRequest),
+    ),
+    "/tokenize": (
+        ("prompt", "vllm", VllmTokenizeRequest),
+        ("inputs", "tei", TeiTokenizeRequest),
+    ),
+}
+
+
+class NoDialect(BaseModel):
+    """A body that matches no dialect of its path (kept whole, for the error message)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def chooser(path: str) -> Chooser:
+    """The body-model chooser for a shared path (picklable: bodies may be parsed in the
+    worker processes)."""
+    return functools.partial(_choose, path)
+
+
+def _choose(path: str, data: Any) -> type[BaseModel]:
+    if isinstance(data, dict):
+        for key, _, model in SHARED_PATHS[path]:
+            if key in data:
+                return model
+    return NoDialect
+
+
+def no_dialect(path: str) -> BadRequest:
+    expected = "; ".join(f"'{key}' ({dialect})" for key, dialect, _ in SHARED_PATHS[path])
+    return BadRequest(
+        f"POST {path} is shared by several APIs and this body matches none: send {expected}.",
+        param=SHARED_PATHS[path][0][0],
+        code="unknown_dialect",
+    )
+
 
 router = APIRouter(tags=["shared bare paths"])
 # Errors come in the body's dialect's shape: OpenAI's, or TEI's (with TEI's status codes).

@@ -6,10 +6,10 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 from starlette.responses import Response
 
+from openai_compat.api.request import body_openapi, read_body, ready_registry
 from openai_compat.encoding import orjson_response
 from openai_compat.protocol import ERROR_RESPONSES
 from openai_compat.registry import ModelEntry
-from openai_compat.routes import body_openapi, read_body, ready_registry
 
 router = APIRouter(tags=["tokenize"])
 

@@ -20,12 +20,7 @@ from openai_compat.api.cohere.protocol import (
     EmbedRequestV1,
     EmbedRequestV2,
 )
-from openai_compat.compact import check_types, encode
-from openai_compat.encoding import as_matrix, orjson_response, truncate_dimensions
-from openai_compat.errors import BadRequest
-from openai_compat.inference import check_count, embed_fitted, embed_media, embed_texts
-from openai_compat.registry import ModelEntry, Registry
-from openai_compat.routes import (
+from openai_compat.api.request import (
     body_openapi,
     media_of,
     note,
@@ -33,6 +28,11 @@ from openai_compat.routes import (
     ready_registry,
     settings_of,
 )
+from openai_compat.compact import check_types, encode
+from openai_compat.encoding import as_matrix, orjson_response, truncate_dimensions
+from openai_compat.errors import BadRequest
+from openai_compat.inference import check_count, embed_fitted, embed_media, embed_texts
+from openai_compat.registry import ModelEntry, Registry
 
 router = APIRouter(tags=["cohere"])
 

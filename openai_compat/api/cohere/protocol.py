@@ -1,4 +1,4 @@
-"""Cohere embed v1/v2 wire types, as the cohere SDK (5.x) sends and parses them."""
+"""Cohere's wire types (embed and rerank, v1 and v2), as the cohere SDK sends and parses them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from openai_compat.protocol import error_responses
+from openai_compat.protocol import Usage, error_responses
 
 Truncate = Literal["NONE", "START", "END"]
 
@@ -109,3 +109,78 @@ class EmbedFloatsResponse(BaseModel):
     texts: list[str]
     images: list[ImageMeta] | None = None
     meta: EmbedMeta
+
+
+# ---------------------------------------------------------------- rerank
+
+RerankDocument = StrictStr | dict[str, Any]
+
+
+class RerankRequest(BaseModel):
+    """Cohere v1's rerank request, which Jina's also fits. `null` means "not given"."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr
+    query: StrictStr
+    documents: list[RerankDocument] = Field(
+        description="Strings, {'text': ...} objects, or objects ranked on `rank_fields`."
+    )
+    top_n: StrictInt | None = Field(None, description="Return the best N (default: all).")
+    return_documents: bool | None = Field(
+        None, description="Include each document in its result (default false)."
+    )
+    rank_fields: list[StrictStr] | None = Field(
+        None, description="Fields of object documents to rank on, in order (default: text)."
+    )
+    max_chunks_per_doc: StrictInt | None = Field(
+        None,
+        description="Accepted for compatibility; documents longer than the model's maximum "
+        "are truncated, not chunked.",
+    )
+    max_tokens_per_doc: StrictInt | None = Field(
+        None, description="Truncate each document to this many tokens first."
+    )
+
+
+class RerankRequestV2(RerankRequest):
+    """Cohere v2's rerank request."""
+
+
+class RerankDocumentText(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float = Field(description="In [0, 1]; higher is more relevant.")
+    document: RerankDocumentText | dict[str, Any] | None = Field(
+        None, description="Only when return_documents is true; absent otherwise."
+    )
+
+
+class ApiVersion(BaseModel):
+    version: str
+
+
+class BilledUnits(BaseModel):
+    search_units: int
+
+
+class TokensMeta(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class RerankMeta(BaseModel):
+    api_version: ApiVersion
+    billed_units: BilledUnits
+    tokens: TokensMeta
+
+
+class RerankResponse(BaseModel):
+    id: str
+    results: list[RerankResult]
+    meta: RerankMeta
+    model: str
+    usage: Usage

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-# infinity-emb's default when a request names no model.
-UNNAMED = "default/not-specified"
+from openai_compat.protocol import UNNAMED
 
 
 class InfinityRerankRequest(BaseModel):

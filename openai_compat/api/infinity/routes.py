@@ -1,6 +1,7 @@
-"""infinity-emb's API where it differs from ours: bare /rerank and /classify (reached through
-dialects.py), /embeddings_image and /embeddings_audio. Errors keep our (OpenAI) envelope, as
-infinity's do. `model` may be left out, as infinity allows: the default model then answers."""
+"""infinity-emb's API where it differs from ours: bare /embeddings (OpenAI's body with
+infinity's defaults), /rerank and /classify (reached through api/shared.py), /embeddings_image
+and /embeddings_audio. Errors keep our (OpenAI) envelope, as infinity's do. `model` may be left
+out, as infinity allows: the default model then answers."""
 
 from __future__ import annotations
 
@@ -12,19 +13,13 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_compat.api.infinity.protocol import (
-    UNNAMED,
     InfinityClassifyRequest,
     InfinityMediaRequest,
     InfinityRerankRequest,
 )
-from openai_compat.api.tei.routes import raw_score
-from openai_compat.encoding import embedding_payload, orjson_response
-from openai_compat.errors import BadRequest
-from openai_compat.inference import check_top_n, classify_texts, embed_media, rerank_texts
-from openai_compat.media import Modality
-from openai_compat.protocol import ERROR_RESPONSES, EmbeddingResponse, ModelList
-from openai_compat.registry import Capability, ModelEntry
-from openai_compat.routes import (
+from openai_compat.api.openai.embeddings import serve_embeddings
+from openai_compat.api.openai.models import model_cards
+from openai_compat.api.request import (
     body_openapi,
     media_of,
     note,
@@ -32,7 +27,24 @@ from openai_compat.routes import (
     ready_registry,
     settings_of,
 )
-from openai_compat.routes.models import model_cards
+from openai_compat.encoding import embedding_payload, orjson_response
+from openai_compat.errors import BadRequest
+from openai_compat.inference import (
+    check_top_n,
+    classify_texts,
+    embed_media,
+    raw_score,
+    rerank_texts,
+)
+from openai_compat.media import Modality
+from openai_compat.protocol import (
+    ERROR_RESPONSES,
+    UNNAMED,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    ModelList,
+)
+from openai_compat.registry import Capability, ModelEntry
 
 router = APIRouter(tags=["infinity"])
 
@@ -102,6 +114,19 @@ async def _media(request: Request, modality: Modality) -> Response:
         prompt_tokens=result.tokens,
     )
     return Response(payload, media_type="application/json")
+
+
+@router.post("/embeddings", include_in_schema=False)  # documented once, as /v1/embeddings
+async def infinity_embeddings(request: Request) -> Response:
+    """infinity: POST /embeddings, OpenAI's body with infinity's defaults: its clients send
+    model "default/not-specified" and dimensions 0 (= the model's size) unless told otherwise."""
+    registry = ready_registry(request)
+    body = await read_body(request, EmbeddingRequest)
+    dimensions = None if body.dimensions == 0 else body.dimensions
+    if body.model == UNNAMED:
+        modality = body.modality or "text"
+        body.model = registry.default("embed" if modality == "text" else modality).name
+    return await serve_embeddings(request, body, dimensions)
 
 
 @router.get("/models", response_model=ModelList, responses=ERROR_RESPONSES)

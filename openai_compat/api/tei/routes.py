@@ -3,18 +3,18 @@
 TEI serves one model and its requests name none: here they go to the default model for the
 capability (--default-model, else the first served model that can). Errors use TEI's body
 ({"error", "error_type"}) and status codes (422 invalid, 413 too long / too many, 424 backend).
-The shared paths (/embed, /rerank, /tokenize) reach these handlers through dialects.py.
+The shared paths (/embed, /rerank, /tokenize) reach these handlers through api/shared.py.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_compat import __version__
+from openai_compat.api.request import body_openapi, note, read_body, ready_registry, settings_of
 from openai_compat.api.tei.protocol import (
     TEI_ERROR_RESPONSES,
     TeiDecodeRequest,
@@ -37,12 +37,12 @@ from openai_compat.inference import (
     embed_texts,
     fit_texts,
     raw_matrix,
+    raw_score,
     rerank_texts,
     texts_from_input,
     truncate_for,
 )
 from openai_compat.registry import Capability, ModelEntry
-from openai_compat.routes import body_openapi, note, read_body, ready_registry, settings_of
 from openai_compat.sparse import check_finite as check_sparse_finite
 from openai_compat.tokens import field_names
 
@@ -110,17 +110,6 @@ async def _embed_sparse(
             for vec in result.vectors
         ]
     )
-
-
-def raw_score(entry: ModelEntry, score: float) -> float:
-    """A rerank score back to the model's own scale: the logit for a cross-encoder (whose
-    score is its sigmoid), the cosine for an embedding model (score = (cos + 1) / 2)."""
-    if entry.cosine_rerank:
-        return 2.0 * score - 1.0
-    if entry.sparse:  # the dot product itself
-        return score
-    score = min(max(score, 1e-12), 1 - 1e-12)
-    return math.log(score / (1.0 - score))
 
 
 async def tei_rerank(request: Request, body: TeiRerankRequest) -> Response:

@@ -6,7 +6,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from openai_compat.api.infinity.protocol import UNNAMED
+from openai_compat.api.request import (
+    body_openapi,
+    media_of,
+    note,
+    read_body,
+    ready_registry,
+    settings_of,
+)
 from openai_compat.encoding import embedding_payload, orjson_response
 from openai_compat.errors import BadRequest
 from openai_compat.inference import (
@@ -19,14 +26,6 @@ from openai_compat.inference import (
 )
 from openai_compat.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingResponse
 from openai_compat.registry import ModelEntry
-from openai_compat.routes import (
-    body_openapi,
-    media_of,
-    note,
-    read_body,
-    ready_registry,
-    settings_of,
-)
 from openai_compat.sparse import check_options, embedding_object
 
 router = APIRouter(tags=["embeddings"])
@@ -40,18 +39,18 @@ router = APIRouter(tags=["embeddings"])
 )
 async def create_embeddings(request: Request) -> Response:
     """Embed text (or, with `modality`, images and audio) with the named model."""
-    registry, settings = ready_registry(request), settings_of(request)
+    ready_registry(request)
     body = await read_body(request, EmbeddingRequest)
+    return await serve_embeddings(request, body, body.dimensions)
+
+
+async def serve_embeddings(
+    request: Request, body: EmbeddingRequest, dimensions: int | None
+) -> Response:
+    """The embeddings answer for a parsed body (also behind infinity's bare /embeddings)."""
+    registry, settings = ready_registry(request), settings_of(request)
     modality = body.modality or "text"
     capability = "embed" if modality == "text" else modality
-    dimensions = body.dimensions
-    if request.scope["path"] == "/embeddings":
-        # infinity's path: its clients send model "default/not-specified" and dimensions 0
-        # (= the model's size) unless told otherwise.
-        if dimensions == 0:
-            dimensions = None
-        if body.model == UNNAMED:
-            body.model = registry.default(capability).name
     named = registry.resolve(body.model)
     if named.sparse and modality == "text":
         return await _sparse(request, body, named, dimensions)

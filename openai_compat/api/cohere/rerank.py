@@ -9,15 +9,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from openai_compat.api.cohere.protocol import COHERE_ERROR_RESPONSES
-from openai_compat.encoding import orjson_response
-from openai_compat.inference import RerankResult, check_top_n, document_texts, rerank_texts
-from openai_compat.protocol import (
+from openai_compat.api.cohere.protocol import (
+    COHERE_ERROR_RESPONSES,
     RerankRequest,
     RerankRequestV2,
     RerankResponse,
 )
-from openai_compat.routes import body_openapi, note, read_body, ready_registry, settings_of
+from openai_compat.api.request import body_openapi, note, read_body, ready_registry, settings_of
+from openai_compat.encoding import orjson_response
+from openai_compat.inference import RerankResult, check_top_n, document_texts, rerank_texts
 
 router = APIRouter(tags=["rerank"])
 

@@ -2,7 +2,7 @@
 
 They share the engine paths of the /v1 API (inference.py); only the wire shapes differ.
 `/embed`, `/rerank` and `/classify` are shared with other APIs: api/shared.py routes a body
-here when it carries the tutorial's keys (dialects.py).
+here when it carries the tutorial's keys (its SHARED_PATHS table).
 """
 
 from __future__ import annotations
@@ -10,6 +10,21 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from openai_compat.api.request import (
+    body_openapi,
+    media_of,
+    note,
+    read_body,
+    ready_registry,
+    settings_of,
+)
+from openai_compat.api.tutorial.protocol import (
+    TutorialClassifyRequest,
+    TutorialEmbedRequest,
+    TutorialEmbedResponse,
+    TutorialImageEmbedRequest,
+    TutorialRerankRequest,
+)
 from openai_compat.encoding import as_matrix, orjson_response
 from openai_compat.inference import (
     EmbedResult,
@@ -19,23 +34,8 @@ from openai_compat.inference import (
     embed_texts,
     rerank_texts,
 )
-from openai_compat.protocol import (
-    ERROR_RESPONSES,
-    TutorialClassifyRequest,
-    TutorialEmbedRequest,
-    TutorialEmbedResponse,
-    TutorialImageEmbedRequest,
-    TutorialRerankRequest,
-)
+from openai_compat.protocol import ERROR_RESPONSES
 from openai_compat.registry import ModelEntry
-from openai_compat.routes import (
-    body_openapi,
-    media_of,
-    note,
-    read_body,
-    ready_registry,
-    settings_of,
-)
 from openai_compat.tokens import field_names
 
 router = APIRouter(tags=["tutorial"])

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from openai_compat.api.request import ready_registry
 from openai_compat.encoding import orjson_response
 from openai_compat.protocol import ERROR_RESPONSES, ModelCard, ModelList
 from openai_compat.registry import ModelEntry, Registry
-from openai_compat.routes import ready_registry
 
 router = APIRouter(tags=["models"])
 

@@ -1,21 +1,18 @@
-"""Liveness (/health) and readiness (/ready) probes."""
+"""Probes: liveness (/health), readiness (/ready) and Prometheus metrics (/metrics)."""
 
 from __future__ import annotations
 
-import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from openai_compat.encoding import orjson_response
 from openai_compat.errors import ServiceUnavailable, api_error_response
 from openai_compat.lifecycle import Lifecycle
+from openai_compat.metrics import CONTENT_TYPE, Metrics
 from openai_compat.protocol import ERROR_RESPONSES, HealthResponse, ReadyResponse
 from openai_compat.registry import Registry
 
 router = APIRouter(tags=["health"])
-
-
-def _json(body: object) -> Response:
-    return Response(orjson.dumps(body), media_type="application/json")
 
 
 @router.get("/health", response_model=HealthResponse, responses={503: ERROR_RESPONSES[503]})
@@ -30,7 +27,7 @@ async def health(request: Request) -> Response:
         return api_error_response(
             ServiceUnavailable(f"engine(s) stopped: {', '.join(dead)}", code="engine_dead")
         )
-    return _json({"status": "loading" if lifecycle.phase == "loading" else "ok"})
+    return orjson_response({"status": "loading" if lifecycle.phase == "loading" else "ok"})
 
 
 @router.get("/ready", response_model=ReadyResponse, responses={503: ERROR_RESPONSES[503]})
@@ -42,4 +39,11 @@ async def ready(request: Request) -> Response:
         return api_error_response(
             ServiceUnavailable(lifecycle.unavailable_message(), code=lifecycle.phase)
         )
-    return _json({"status": "ready", "models": registry.served_names()})
+    return orjson_response({"status": "ready", "models": registry.served_names()})
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Requests, latency, inputs, tokens, queued and in-flight work per model, load times."""
+    m: Metrics = request.app.state.metrics
+    return Response(m.render(), media_type=CONTENT_TYPE)

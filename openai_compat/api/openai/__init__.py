@@ -1,0 +1,1 @@
+"""OpenAI's API: embeddings (dense and sparse), classify and the model list."""
