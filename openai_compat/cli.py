@@ -11,14 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from openai_compat import __version__, logs
-from openai_compat.settings import (
-    BACKENDS,
-    ConfigError,
-    Settings,
-    build_settings,
-    cli_fields,
-    env_name,
-)
+from openai_compat.config import build_settings, cli_fields, env_name
+from openai_compat.settings import BACKENDS, ConfigError, Settings
 
 
 def _flag(name: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from openai_compat.compact import CALIBRATION_TEXTS, Quantizer
-from openai_compat.engine import adapter, backends
+from openai_compat.engine import adapter, backends, splade
 from openai_compat.engine.feeder import Feeder
 from openai_compat.lifecycle import in_daemon_thread
 from openai_compat.prompts import Prompts
@@ -77,7 +77,7 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
     engine = AsyncEmbeddingEngine.from_args(args)
     replica = adapter.replica_of(engine)
     sparse = config.kind == "sparse" or (
-        config.kind == "auto" and adapter.is_masked_lm(config.source)
+        config.kind == "auto" and splade.is_masked_lm(config.source)
     )
     try:
         if sparse and config.engine in BACKENDS:
@@ -86,7 +86,7 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
             export = backends.prepare_for(config, export_dir or default_export_dir())
             adapter.use_transformer_module(replica, backends.load_module(export))
         if sparse:
-            adapter.serve_sparse(replica, config.source, config.trust_remote_code)
+            splade.serve_sparse(replica, config.source, config.trust_remote_code)
         adapter.apply_max_length(replica, config.max_length)
     except ValueError as exc:
         raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
@@ -179,7 +179,7 @@ async def describe(
     engine_counts = False
     raw_output = False
     quantizer = None
-    sparse_size = adapter.sparse_size(replica)
+    sparse_size = splade.sparse_size(replica)
     if sparse_size is not None:
         # A SPLADE model (create_engine): sparse vectors, and rerank by their dot product.
         caps = (caps - {"embed"}) | {"sparse", "rerank"}

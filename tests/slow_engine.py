@@ -36,9 +36,9 @@ def install() -> None:
 
     AsyncEmbeddingEngine.from_args = classmethod(slow_from_args)  # type: ignore[method-assign,assignment]
 
-    from openai_compat.engine import adapter
+    from openai_compat.engine import splade
 
-    serve_sparse = adapter.serve_sparse
+    serve_sparse = splade.serve_sparse
 
     def slow_serve_sparse(replica: Any, *args: Any, **kwargs: Any) -> None:
         serve_sparse(replica, *args, **kwargs)
@@ -50,7 +50,7 @@ def install() -> None:
 
         replica.encode_core = slow_core
 
-    adapter.serve_sparse = slow_serve_sparse  # type: ignore[assignment]
+    splade.serve_sparse = slow_serve_sparse  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

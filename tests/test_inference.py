@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from openai_compat import inference
+from openai_compat import inference, scoring
 from openai_compat.encoding import embedding_payload
 from openai_compat.engine.adapter import LogitsRunner
 from openai_compat.errors import BadRequest, ModelOutputError, RateLimited
@@ -138,13 +138,13 @@ async def test_over_long_texts_are_refused_with_the_clients_field_name(
     # cosine rerank embeds [query, *documents]: errors still name the client's fields
     ranker = _entry(engine, counter=counter, max_length=16, truncate=False, cosine_rerank=True)
     with pytest.raises(BadRequest) as info:
-        await inference.rerank_texts(ranker, "q", ["fine", "fine", long], SETTINGS)
+        await scoring.rerank_texts(ranker, "q", ["fine", "fine", long], SETTINGS)
     assert info.value.param == "documents" and info.value.message.startswith("documents[2]:")
     with pytest.raises(BadRequest) as info:
-        await inference.rerank_texts(ranker, long, ["fine"], SETTINGS, docs_param="docs")
+        await scoring.rerank_texts(ranker, long, ["fine"], SETTINGS, docs_param="docs")
     assert info.value.param == "query" and info.value.message.startswith("query:")
     with pytest.raises(BadRequest) as info:
-        await inference.rerank_texts(ranker, "q", ["ok", long], SETTINGS, docs_param="docs")
+        await scoring.rerank_texts(ranker, "q", ["ok", long], SETTINGS, docs_param="docs")
     assert info.value.param == "docs" and info.value.message.startswith("docs[1]:")
 
 
@@ -157,10 +157,10 @@ async def test_non_finite_vectors_and_scores_are_never_sent() -> None:
         embedding_payload(result.vectors, fmt="float", dimensions=None, model="m", prompt_tokens=1)
     assert info.value.status == 500 and info.value.code == "non_finite_output"
     with pytest.raises(ModelOutputError):
-        await inference.rerank_texts(_entry(engine, cosine_rerank=True), "q", ["d"], SETTINGS)
+        await scoring.rerank_texts(_entry(engine, cosine_rerank=True), "q", ["d"], SETTINGS)
     with pytest.raises(ModelOutputError):
-        inference.finite_scores(entry, [0.5, float("inf")])
-    inference.finite_scores(entry, [0.5, 1.0])  # finite: no error
+        scoring.finite_scores(entry, [0.5, float("inf")])
+    scoring.finite_scores(entry, [0.5, 1.0])  # finite: no error
 
 
 async def test_raw_logits_run_in_their_own_pool_and_stop_when_cancelled() -> None:

@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 
 from openai_compat.cli import build_parser
+from openai_compat.config import build_settings
 from openai_compat.settings import (
     ConfigError,
     ModelConfig,
     Settings,
-    build_settings,
     parse_model_spec,
 )
 

@@ -1,4 +1,5 @@
-"""The one module that knows infinity-emb's internals (0.0.78).
+"""The one place that knows infinity-emb's internals (0.0.78), with engine/splade.py for the
+sparse head it adds to an embedder replica.
 
 Everything the server needs beyond infinity-emb's public API (its model replicas, batching
 queue and push task, tokenizers, classification pipeline, where each model kind applies its
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,7 +37,7 @@ class EngineContractError(RuntimeError):
     """infinity-emb no longer has an internal this server relies on."""
 
 
-def _attr(obj: Any, name: str, where: str) -> Any:
+def attr(obj: Any, name: str, where: str) -> Any:
     try:
         return getattr(obj, name)
     except AttributeError:
@@ -52,7 +52,7 @@ def _attr(obj: Any, name: str, where: str) -> Any:
 
 def replica_of(engine: Any) -> Any:
     """The engine's (first) model replica: the object that holds weights and tokenizer."""
-    replicas = _attr(engine, "_model_replicas", "AsyncEmbeddingEngine")
+    replicas = attr(engine, "_model_replicas", "AsyncEmbeddingEngine")
     if not replicas:
         raise EngineContractError("infinity-emb changed: the engine has no model replicas")
     return replicas[0]
@@ -63,7 +63,7 @@ def queue_length(engine: Any) -> int:
     handler = getattr(engine, "_batch_handler", None)
     if handler is None:
         return 0
-    return len(_attr(handler, "_queue_prio", "BatchHandler"))
+    return len(attr(handler, "_queue_prio", "BatchHandler"))
 
 
 def batcher_alive(engine: Any) -> bool:
@@ -88,11 +88,11 @@ def hf_tokenizer(replica: Any) -> Any | None:
     if kind == "embedder":
         return getattr(replica, "tokenizer", None)
     if kind == "crossencoder":
-        return _attr(replica, "tokenizer", "CrossEncoderPatched")
+        return attr(replica, "tokenizer", "CrossEncoderPatched")
     if kind == "classifier":
-        return _attr(_attr(replica, "_pipe", "SentenceClassifier"), "tokenizer", "pipeline")
+        return attr(attr(replica, "_pipe", "SentenceClassifier"), "tokenizer", "pipeline")
     if kind in ("clip", "clap"):
-        return getattr(_attr(replica, "processor", type(replica).__name__), "tokenizer", None)
+        return getattr(attr(replica, "processor", type(replica).__name__), "tokenizer", None)
     return getattr(replica, "_infinity_tokenizer", None) or getattr(replica, "tokenizer", None)
 
 
@@ -112,8 +112,8 @@ def folder_prompts(replica: Any) -> tuple[dict[str, str], str | None]:
     (config_sentence_transformers.json) and its default prompt name; none for other kinds."""
     if kind_of(replica) != "embedder":
         return {}, None
-    prompts = _attr(replica, "prompts", "SentenceTransformer") or {}
-    default = _attr(replica, "default_prompt_name", "SentenceTransformer")
+    prompts = attr(replica, "prompts", "SentenceTransformer") or {}
+    default = attr(replica, "default_prompt_name", "SentenceTransformer")
     return {str(k): str(v) for k, v in prompts.items()}, default
 
 
@@ -123,7 +123,7 @@ def _torch_model(replica: Any) -> Any | None:
         first = replica[0] if len(replica) else None
         return getattr(first, "auto_model", None)
     if kind == "classifier":
-        return _attr(replica, "_pipe", "SentenceClassifier").model
+        return attr(replica, "_pipe", "SentenceClassifier").model
     return getattr(replica, "model", None)
 
 
@@ -164,7 +164,7 @@ def applied_max_length(replica: Any) -> int | None:
         # infinity-emb calls these tokenizers with truncation and no max_length.
         value = getattr(hf_tokenizer(replica), "model_max_length", None)
     elif kind in ("clip", "clap"):
-        value = _attr(replica, "max_length", type(replica).__name__)
+        value = attr(replica, "max_length", type(replica).__name__)
     else:
         return None
     return value if isinstance(value, int) and 0 < value < _NO_LIMIT else None
@@ -248,7 +248,7 @@ class LogitsRunner:
     def for_replica(cls, replica: Any, name: str) -> LogitsRunner | None:
         if kind_of(replica) != "classifier":
             return None
-        pipe = _attr(replica, "_pipe", "SentenceClassifier")
+        pipe = attr(replica, "_pipe", "SentenceClassifier")
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"logits-{name}")
         return cls(pipe, pool)
 
@@ -394,86 +394,3 @@ def engine_token_count(vectors: Sequence[Any]) -> int | None:
             return None
         total += tokens
     return total
-
-
-# ---------------------------------------------------------------- sparse (SPLADE) models
-
-# Logits one forward chunk may hold (rows x tokens x vocabulary): 64 M floats = 256 MB.
-_SPARSE_LOGITS_BUDGET = 64 * 1024 * 1024
-
-
-def is_masked_lm(source: str) -> bool:
-    """A local model folder whose config names a masked-LM architecture (SPLADE's form)."""
-    import json
-    from pathlib import Path
-
-    config = Path(source) / "config.json"
-    if not config.is_file():
-        return False
-    try:
-        architectures = json.loads(config.read_text()).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        return False
-    return any(str(a).endswith("ForMaskedLM") for a in architectures)
-
-
-def serve_sparse(replica: Any, source: str, trust_remote_code: bool = False) -> None:
-    """Make an embedder replica answer SPLADE sparse vectors, inside infinity-emb's batching.
-
-    infinity-emb has no sparse path, but it runs every batch as encode_pre (tokenise) ->
-    encode_core (forward) -> encode_post (to results) on its own threads, queue, priorities
-    and cancellation. The sentence-transformers transformer is swapped for the folder's
-    masked-LM model (one copy of the weights; the MLM head added); encode_core computes
-    max over tokens of log(1 + relu(logits)), padding masked, in chunks that bound the logits'
-    memory; encode_post turns each row into a SparseVector carrying its token count.
-    """
-    import torch
-    from transformers import AutoModelForMaskedLM
-
-    from openai_compat.sparse import SparseVector
-
-    if kind_of(replica) != "embedder" or getattr(replica, "mode_colbert", False):
-        raise ValueError(f"a {type(replica).__name__} model cannot serve sparse vectors")
-    first = _attr(replica, "_first_module", "SentenceTransformer")()
-    dense = _attr(first, "auto_model", "sentence_transformers Transformer")
-    try:
-        mlm = AutoModelForMaskedLM.from_pretrained(
-            source, dtype=dense.dtype, trust_remote_code=trust_remote_code
-        )
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"kind = 'sparse' needs a masked-LM model: {exc}") from exc
-    device = dense.device
-    mlm.to(device).eval()
-    first.auto_model = mlm  # the encoder's weights once, in the model that has the head
-    vocab = int(mlm.config.vocab_size)
-    _SPARSE[replica] = vocab
-
-    def encode_core(features: dict[str, Any]) -> tuple[Any, list[int]]:
-        mask = features["attention_mask"]
-        rows = max(1, _SPARSE_LOGITS_BUDGET // (int(mask.shape[1]) * vocab))
-        pooled = []
-        with torch.inference_mode():
-            on_device = {k: v.to(device) for k, v in features.items()}
-            for start in range(0, int(mask.shape[0]), rows):
-                part = {k: v[start : start + rows] for k, v in on_device.items()}
-                logits = mlm(**part).logits
-                weights = torch.log1p(torch.relu(logits.float()))
-                weights *= part["attention_mask"].unsqueeze(-1).to(weights.dtype)
-                pooled.append(weights.amax(dim=1).cpu())
-        return torch.cat(pooled), mask.sum(dim=1).tolist()
-
-    def encode_post(packed: tuple[Any, list[int]]) -> list[SparseVector]:
-        weights, counts = packed
-        matrix = weights.numpy()
-        return [SparseVector.from_dense(row, int(n)) for row, n in zip(matrix, counts, strict=True)]
-
-    replica.encode_core, replica.encode_post = encode_core, encode_post
-
-
-def sparse_size(replica: Any) -> int | None:
-    """The vocabulary size (the sparse vectors' dimension) of a replica serve_sparse set up;
-    None for any other replica."""
-    return _SPARSE.get(replica)
-
-
-_SPARSE: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()

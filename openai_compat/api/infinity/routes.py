@@ -29,13 +29,7 @@ from openai_compat.api.request import (
 )
 from openai_compat.encoding import embedding_payload, orjson_response
 from openai_compat.errors import BadRequest
-from openai_compat.inference import (
-    check_top_n,
-    classify_texts,
-    embed_media,
-    raw_score,
-    rerank_texts,
-)
+from openai_compat.inference import embed_media
 from openai_compat.media import Modality
 from openai_compat.protocol import (
     ERROR_RESPONSES,
@@ -45,6 +39,7 @@ from openai_compat.protocol import (
     ModelList,
 )
 from openai_compat.registry import Capability, ModelEntry
+from openai_compat.scoring import check_top_n, classify_texts, raw_score, rerank_texts
 
 router = APIRouter(tags=["infinity"])
 

@@ -7,8 +7,8 @@ from starlette.responses import Response
 
 from openai_compat.api.request import body_openapi, note, read_body, ready_registry, settings_of
 from openai_compat.encoding import orjson_response
-from openai_compat.inference import ClassifyResult, classify_texts
 from openai_compat.protocol import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
+from openai_compat.scoring import ClassifyResult, classify_texts
 
 router = APIRouter(tags=["classify"])
 

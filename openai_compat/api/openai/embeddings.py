@@ -20,7 +20,6 @@ from openai_compat.inference import (
     EmbedResult,
     check_dimensions,
     embed_media,
-    embed_sparse,
     embed_texts,
     texts_from_input,
 )
@@ -107,7 +106,7 @@ async def _sparse(
         entry.name, input_type=body.input_type, prompt_name=body.prompt_name, task=body.task
     )
     texts = await texts_from_input(body.input, entry, settings)
-    result = await embed_sparse(entry, texts, settings, prompt=prompt)
+    result = await embed_texts(entry, texts, settings, prompt=prompt)
     note(request, entry.name, len(result.vectors), result.tokens)
     token_of = entry.tokenizer("return_tokens").token if body.return_tokens else None
     fmt = body.encoding_format or "float"

@@ -31,19 +31,15 @@ from openai_compat.inference import (
     check_count,
     check_dimensions,
     check_raw_output,
-    classify_pairs,
-    classify_texts,
     embed_fitted,
     embed_texts,
     fit_texts,
     raw_matrix,
-    raw_score,
-    rerank_texts,
     texts_from_input,
     truncate_for,
 )
 from openai_compat.registry import Capability, ModelEntry
-from openai_compat.sparse import check_finite as check_sparse_finite
+from openai_compat.scoring import classify_pairs, classify_texts, raw_score, rerank_texts
 from openai_compat.tokens import field_names
 
 router = APIRouter(tags=["tei"])
@@ -99,8 +95,7 @@ async def embed_sparse(request: Request) -> Response:
 async def _embed_sparse(
     request: Request, entry: ModelEntry, body: TeiEmbedSparseRequest
 ) -> Response:
-    result = await _embed(request, entry, body)
-    check_sparse_finite(result.vectors)
+    result = await _embed(request, entry, body)  # checked finite in embed_texts
     return orjson_response(
         [
             [

@@ -26,16 +26,10 @@ from openai_compat.api.tutorial.protocol import (
     TutorialRerankRequest,
 )
 from openai_compat.encoding import as_matrix, orjson_response
-from openai_compat.inference import (
-    EmbedResult,
-    check_count,
-    classify_texts,
-    embed_media,
-    embed_texts,
-    rerank_texts,
-)
+from openai_compat.inference import EmbedResult, check_count, embed_media, embed_texts
 from openai_compat.protocol import ERROR_RESPONSES
 from openai_compat.registry import ModelEntry
+from openai_compat.scoring import classify_texts, rerank_texts
 from openai_compat.tokens import field_names
 
 router = APIRouter(tags=["tutorial"])

@@ -1,0 +1,287 @@
+"""Scoring requests -> engine calls: rerank (cross-encoders, embedding cosine, sparse dot
+product) and classify (probabilities or raw logits), and a score back on the model's scale.
+
+The Cohere, TEI, infinity and tutorial routes all call these: one implementation each. The
+embedding path they share with /v1/embeddings is inference.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from openai_compat.errors import BadRequest, ModelOutputError
+from openai_compat.inference import check_count, embed_texts, engine_errors, truncate_for
+from openai_compat.registry import ModelEntry
+from openai_compat.settings import Settings
+from openai_compat.tokens import Names, field_names, too_long_error
+
+# ---------------------------------------------------------------- rerank
+
+
+@dataclass
+class RankedDocument:
+    index: int
+    score: float
+
+
+@dataclass
+class RerankResult:
+    ranked: list[RankedDocument]
+    tokens: int
+
+
+def document_texts(
+    documents: Sequence[str | dict[str, Any]], rank_fields: Sequence[str] | None
+) -> list[str]:
+    """Cohere's document forms -> the text each is ranked on."""
+    texts = []
+    for i, doc in enumerate(documents):
+        if isinstance(doc, str):
+            texts.append(doc)
+            continue
+        fields = list(rank_fields) if rank_fields else ["text"]
+        missing = [f for f in fields if f not in doc]
+        if missing:
+            hint = "named in rank_fields" if rank_fields else "(or name fields in rank_fields)"
+            raise BadRequest(
+                f"documents[{i}] has no field {missing[0]!r} {hint}.",
+                param=f"documents[{i}]",
+                code="missing_document_field",
+            )
+        if len(fields) == 1:
+            texts.append(_field_text(doc[fields[0]]))
+        else:
+            # Cohere ranks structured documents as "key: value" lines, in rank_fields order.
+            texts.append("\n".join(f"{f}: {_field_text(doc[f])}" for f in fields))
+    return texts
+
+
+def _field_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    import orjson
+
+    return orjson.dumps(value).decode()
+
+
+def check_top_n(top_n: int | None) -> None:
+    if top_n is not None and top_n < 1:
+        raise BadRequest(f"'top_n' must be at least 1, got {top_n}.", param="top_n")
+
+
+async def rerank_texts(
+    entry: ModelEntry,
+    query: str,
+    docs: list[str],
+    settings: Settings,
+    *,
+    max_tokens_per_doc: int | None = None,
+    docs_param: str = "documents",
+) -> RerankResult:
+    """Score every document against the query: best first, scores in [0, 1].
+
+    A cross-encoder ranks with its own sigmoid scores. A model that can only embed ranks by the
+    cosine similarity of query and document embeddings, mapped to [0, 1] as (cos + 1) / 2.
+    A sparse (SPLADE) model ranks by the dot product of the sparse vectors (>= 0, unbounded).
+    """
+    check_count(len(docs), settings.max_rerank_documents, docs_param, "documents")
+    if max_tokens_per_doc is not None:
+        if max_tokens_per_doc < 1:
+            raise BadRequest(
+                f"'max_tokens_per_doc' must be at least 1, got {max_tokens_per_doc}.",
+                param="max_tokens_per_doc",
+            )
+        # A cap at or above the model's own maximum changes nothing (and huge values would
+        # overflow the tokenizer's limits).
+        cap_matters = entry.max_length is None or max_tokens_per_doc < entry.max_length
+        if entry.counter is not None and cap_matters and max_tokens_per_doc < 2**31:
+            docs = await entry.counter.truncate_texts(docs, max_tokens_per_doc)
+    if entry.cosine_rerank:
+        return await _cosine_rerank(entry, query, docs, settings, docs_param)
+    if entry.sparse:
+        return await _sparse_rerank(entry, query, docs, settings, docs_param)
+    counter = entry.counter
+    with entry.admit(len(docs), settings.max_queued_inputs), engine_errors():
+        if counter is None:
+            results, usage = await entry.engine.rerank(query=query, docs=docs)
+            tokens = int(usage)
+        else:
+            pairs = await _cut_documents(entry, query, docs)
+            if not truncate_for(entry, settings):
+                await _refuse_long_pairs(entry, query, docs, pairs, docs_param)
+            tokens, (results, _) = await asyncio.gather(
+                counter.pair_usage(query, pairs), entry.engine.rerank(query=query, docs=pairs)
+            )
+    ranked = [RankedDocument(r.index, float(r.relevance_score)) for r in results]
+    finite_scores(entry, [r.score for r in ranked])
+    ranked.sort(key=lambda r: (-r.score, r.index))
+    return RerankResult(ranked, tokens)
+
+
+async def _cut_documents(entry: ModelEntry, query: str, docs: list[str]) -> list[str]:
+    """Huge documents cut a few tokens past the limit before the cross-encoder sees them.
+
+    Pairs are truncated longest-first: while the query is within the limit, a document cut
+    to more tokens than the limit stays the longer part, so the tokens the model keeps are
+    the same as for the whole document.
+    """
+    counter, limit = entry.counter, entry.max_length
+    if counter is None or limit is None or not counter.needs_cutting(docs):
+        return docs
+    (query_tokens,) = await counter.lengths([query])
+    if query_tokens > limit:
+        return docs
+    _, cut = await counter.prepare_lengths(docs)
+    return cut
+
+
+async def _refuse_long_pairs(
+    entry: ModelEntry, query: str, docs: list[str], pairs: list[str], param: str
+) -> None:
+    counter, limit = entry.counter, entry.max_length
+    if counter is None or limit is None:
+        return
+    lengths = await counter.pair_lengths(query, pairs)
+    too_long = np.flatnonzero(lengths > limit)
+    if too_long.size:
+        i = int(too_long[0])
+        full = await asyncio.to_thread(counter.pair_full_length, query, docs[i])
+        raise too_long_error((param, f"{param}[{i}]"), full, limit)
+
+
+async def _cosine_rerank(
+    entry: ModelEntry, query: str, docs: list[str], settings: Settings, docs_param: str
+) -> RerankResult:
+    result = await embed_texts(entry, [query, *docs], settings, _rerank_names(docs_param))
+    matrix = np.stack(result.vectors).astype(np.float32)
+    finite_scores(entry, matrix)
+    norms = np.linalg.norm(matrix, axis=1)
+    np.maximum(norms, np.finfo(np.float32).tiny, out=norms)
+    cos = (matrix[1:] @ matrix[0]) / (norms[1:] * norms[0])
+    scores = np.clip((cos + 1.0) / 2.0, 0.0, 1.0)
+    order = np.lexsort((np.arange(len(docs)), -scores))
+    ranked = [RankedDocument(int(i), float(scores[i])) for i in order]
+    return RerankResult(ranked, result.tokens)
+
+
+def _rerank_names(docs_param: str) -> Names:
+    def names(i: int) -> tuple[str, str]:
+        return ("query", "query") if i == 0 else (docs_param, f"{docs_param}[{i - 1}]")
+
+    return names
+
+
+async def _sparse_rerank(
+    entry: ModelEntry, query: str, docs: list[str], settings: Settings, docs_param: str
+) -> RerankResult:
+    result = await embed_texts(entry, [query, *docs], settings, _rerank_names(docs_param))
+    q, *vectors = result.vectors
+    scores = np.asarray([q.dot(v) for v in vectors])
+    finite_scores(entry, scores)
+    order = np.lexsort((np.arange(len(docs)), -scores))
+    return RerankResult([RankedDocument(int(i), float(scores[i])) for i in order], result.tokens)
+
+
+def finite_scores(entry: ModelEntry, values: Any) -> None:
+    """A broken model (an fp16 overflow, say) gives NaN or inf: never send those as numbers."""
+    if not np.isfinite(np.asarray(values, dtype=np.float64)).all():
+        raise ModelOutputError(
+            f"Model {entry.name!r} produced non-finite numbers (NaN or infinity) for this "
+            "request; its weights or dtype may be broken."
+        )
+
+
+# ---------------------------------------------------------------- classify
+
+
+@dataclass
+class ClassifyResult:
+    labels: list[list[tuple[str, float]]]  # per input, best first
+    tokens: int
+
+
+async def classify_texts(
+    entry: ModelEntry,
+    texts: list[str],
+    settings: Settings,
+    *,
+    raw_scores: bool = False,
+    param: str = "input",
+) -> ClassifyResult:
+    """Label distributions, best first; raw_scores gives the model's logits."""
+    check_count(len(texts), settings.max_inputs_per_request, param)
+    truncate = truncate_for(entry, settings)
+    tokens: int | None = None
+    counter = entry.counter
+    prepared = texts
+    if counter is not None and (not truncate or counter.needs_cutting(texts)):
+        # Refuse over-long input before spending engine time on it; cut huge texts.
+        names = field_names(param)
+        tokens, prepared = await counter.prepare(texts, truncate=truncate, names=names)
+    with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
+        if raw_scores:
+            if entry.logits is None:
+                raise BadRequest(
+                    f"Model {entry.name!r} cannot return raw scores.", param="raw_scores"
+                )
+            raw = await entry.logits.logits(prepared)
+            engine_usage = 0
+        else:
+            raw, engine_usage = await entry.engine.classify(sentences=prepared)
+    if tokens is None:
+        tokens = await counter.usage(texts, truncate=True) if counter else int(engine_usage)
+    labels = [
+        sorted(((str(d["label"]), float(d["score"])) for d in item), key=lambda p: -p[1])
+        for item in raw
+    ]
+    finite_scores(entry, [score for item in labels for _, score in item])
+    return ClassifyResult(labels, tokens)
+
+
+async def classify_pairs(
+    entry: ModelEntry,
+    inputs: Sequence[str | tuple[str, str]],
+    settings: Settings,
+    *,
+    raw_scores: bool,
+) -> tuple[list[list[tuple[str, float]]], int]:
+    """Label distributions for texts and (text, text) pairs, best first. Pairs run beside the
+    batcher (infinity-emb classifies single texts only), through the model's own pipeline."""
+    if entry.logits is None:
+        raise BadRequest(
+            f"Model {entry.name!r} cannot classify text pairs.",
+            param="inputs",
+            code="unsupported_input",
+        )
+    with entry.admit(len(inputs), settings.max_queued_inputs), engine_errors():
+        rows = await entry.logits.logits(
+            [x if isinstance(x, str) else {"text": x[0], "text_pair": x[1]} for x in inputs]
+        )
+    labels = []
+    for row in rows:
+        names = [str(d["label"]) for d in row]
+        values = np.asarray([float(d["score"]) for d in row], dtype=np.float64)
+        if not raw_scores:
+            values = np.exp(values - values.max())
+            values /= values.sum()
+        labels.append(sorted(zip(names, values.tolist(), strict=True), key=lambda p: -p[1]))
+    finite_scores(entry, [score for item in labels for _, score in item])
+    tokens = await entry.counter.pairs_usage(inputs) if entry.counter is not None else 0
+    return labels, tokens
+
+
+def raw_score(entry: ModelEntry, score: float) -> float:
+    """A rerank score back to the model's own scale: the logit for a cross-encoder (whose
+    score is its sigmoid), the cosine for an embedding model (score = (cos + 1) / 2)."""
+    if entry.cosine_rerank:
+        return 2.0 * score - 1.0
+    if entry.sparse:  # the dot product itself
+        return score
+    score = min(max(score, 1e-12), 1 - 1e-12)
+    return math.log(score / (1.0 - score))
