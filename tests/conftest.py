@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import SERVER_ENV, RemoteServer
+from tests.utils import SERVER_ENV, RemoteServer, server_with
 
 # Nothing in the test process may reach a model hub.
 for _k, _v in SERVER_ENV.items():
@@ -99,15 +99,14 @@ def multi_server(
 ) -> Iterator[RemoteServer]:
     """CLIP, text embedding, rerank and classify models in the tutorial's order (0-3), with
     default (safe) media settings."""
-    cfg = tmp_path_factory.mktemp("cfg") / "models.toml"
-    cfg.write_text(
-        "max_rerank_documents = 1500\n"
-        f'[[models]]\nname = "clip"\nmodel = "{tiny_media_models["clip"]}"\n'
-        '[[models]]\nname = "minilm"\nmodel = "builtin:all-MiniLM-L6-v2"\n'
-        f'[[models]]\nname = "reranker"\nmodel = "{trained_models["reranker"]}"\n'
-        f'[[models]]\nname = "sentiment"\nmodel = "{trained_models["classifier"]}"\n'
-    )
-    with RemoteServer(["--config", str(cfg)]) as srv:
+    models = [
+        {"name": "clip", "model": tiny_media_models["clip"]},
+        {"name": "minilm", "model": "builtin:all-MiniLM-L6-v2"},
+        {"name": "reranker", "model": trained_models["reranker"]},
+        {"name": "sentiment", "model": trained_models["classifier"]},
+    ]
+    folder = tmp_path_factory.mktemp("cfg")
+    with server_with(folder, models, max_rerank_documents=1500) as srv:
         yield srv
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.media_samples import data_uri, png, wav
-from tests.utils import RemoteServer
+from tests.utils import RemoteServer, server_with
 
 pytestmark = pytest.mark.slow
 
@@ -47,16 +47,15 @@ def srv(
     tiny_media_models: dict[str, Path],
     mean_pool_minilm: Path,
 ) -> Iterator[RemoteServer]:
-    cfg = tmp_path_factory.mktemp("cfg") / "dialects.toml"
-    cfg.write_text(
-        'default_model = ["rerank=reranker"]\n'
-        f'[[models]]\nname = "minilm"\nmodel = "{mean_pool_minilm}"\n'
-        f'[[models]]\nname = "reranker"\nmodel = "{trained_models["reranker"]}"\n'
-        f'[[models]]\nname = "sentiment"\nmodel = "{trained_models["classifier"]}"\n'
-        f'[[models]]\nname = "clip"\nmodel = "{tiny_media_models["clip"]}"\n'
-        f'[[models]]\nname = "clap"\nmodel = "{tiny_media_models["clap"]}"\n'
-    )
-    with RemoteServer(["--config", str(cfg)]) as server:
+    models = [
+        {"name": "minilm", "model": mean_pool_minilm},
+        {"name": "reranker", "model": trained_models["reranker"]},
+        {"name": "sentiment", "model": trained_models["classifier"]},
+        {"name": "clip", "model": tiny_media_models["clip"]},
+        {"name": "clap", "model": tiny_media_models["clap"]},
+    ]
+    folder = tmp_path_factory.mktemp("cfg")
+    with server_with(folder, models, default_model=["rerank=reranker"]) as server:
         yield server
 
 
@@ -182,10 +181,9 @@ def test_huggingface_hub_text_classification_on_a_classifier_server(
     """TEI serves one model and POST / does what it does: a classifier server classifies."""
     from huggingface_hub import InferenceClient
 
-    cfg = tmp_path / "classifier.toml"
-    cfg.write_text(f'[[models]]\nname = "sentiment"\nmodel = "{trained_models["classifier"]}"\n')
     text = "I loved every minute of it."
-    with RemoteServer(["--config", str(cfg)]) as server:
+    sentiment = {"name": "sentiment", "model": trained_models["classifier"]}
+    with server_with(tmp_path, [sentiment]) as server:
         v1 = _post(server, "/v1/classify", {"model": "sentiment", "input": text}).json()
         got = InferenceClient(model=server.url, token="unused").text_classification(text)
     best = max(v1["data"][0]["labels"], key=lambda x: x["score"])

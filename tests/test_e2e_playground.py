@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from tests.media_samples import data_uri, png
-from tests.utils import ROOT, RemoteServer
+from tests.utils import ROOT, RemoteServer, server_with
 
 pytestmark = pytest.mark.slow
 
@@ -37,16 +37,19 @@ def srv(
     tiny_media_models: dict[str, Path],
     splade_path: Path,
 ) -> Iterator[RemoteServer]:
-    cfg = tmp_path_factory.mktemp("cfg") / "playground.toml"
-    cfg.write_text(
-        '[[models]]\nname = "minilm"\nmodel = "builtin:all-MiniLM-L6-v2"\n'
-        'prompts = {query = "query: ", passage = "passage: "}\n'
-        f'[[models]]\nname = "reranker"\nmodel = "{trained_models["reranker"]}"\n'
-        f'[[models]]\nname = "clip"\nmodel = "{tiny_media_models["clip"]}"\n'
-        f'[[models]]\nname = "splade"\nmodel = "{splade_path}"\n'
-    )
+    models = [
+        {
+            "name": "minilm",
+            "model": "builtin:all-MiniLM-L6-v2",
+            "prompts": {"query": "query: ", "passage": "passage: "},
+        },
+        {"name": "reranker", "model": trained_models["reranker"]},
+        {"name": "clip", "model": tiny_media_models["clip"]},
+        {"name": "splade", "model": splade_path},
+    ]
     data = tmp_path_factory.mktemp("playground-data")
-    with RemoteServer(["--config", str(cfg), "--data-dir", str(data)]) as server:
+    folder = tmp_path_factory.mktemp("cfg")
+    with server_with(folder, models, ["--data-dir", str(data)]) as server:
         yield server
 
 

@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from tests.media_samples import data_uri, png
-from tests.utils import RemoteServer
+from tests.utils import RemoteServer, server_with
 
 pytestmark = pytest.mark.slow
 
@@ -62,15 +62,17 @@ def srv(
     folder_model: Path,
     tiny_media_models: dict[str, Path],
 ) -> Iterator[RemoteServer]:
-    cfg = tmp_path_factory.mktemp("cfg") / "prompts.toml"
-    cfg.write_text(
-        '[[models]]\nname = "e5"\nmodel = "builtin:all-MiniLM-L6-v2"\n'
-        'aliases = ["embed-english-v3.0"]\n'
-        f'prompts = {{query = "{Q}", passage = "{P}"}}\n'
-        f'[[models]]\nname = "folder-prompts"\nmodel = "{folder_model}"\n'
-        f'[[models]]\nname = "clip"\nmodel = "{tiny_media_models["clip"]}"\n'
-    )
-    with RemoteServer(["--config", str(cfg)]) as server:
+    models = [
+        {
+            "name": "e5",
+            "model": "builtin:all-MiniLM-L6-v2",
+            "aliases": ["embed-english-v3.0"],
+            "prompts": {"query": Q, "passage": P},
+        },
+        {"name": "folder-prompts", "model": folder_model},
+        {"name": "clip", "model": tiny_media_models["clip"]},
+    ]
+    with server_with(tmp_path_factory.mktemp("cfg"), models) as server:
         yield server
 
 

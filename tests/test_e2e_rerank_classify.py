@@ -14,7 +14,7 @@ import cohere
 import httpx
 import pytest
 
-from tests.utils import RemoteServer
+from tests.utils import RemoteServer, server_with
 
 pytestmark = pytest.mark.slow
 
@@ -301,17 +301,18 @@ def limited_server(
     tiny_media_models: dict[str, Path],
 ) -> Iterator[RemoteServer]:
     """Every kind of model with a configured max_length; MiniLM refuses over-long input."""
-    cfg = tmp_path_factory.mktemp("limited") / "models.toml"
-    cfg.write_text(
-        f'[[models]]\nname = "clip"\nmodel = "{tiny_media_models["clip"]}"\nmax_length = 10\n'
-        '[[models]]\nname = "minilm"\nmodel = "builtin:all-MiniLM-L6-v2"\nmax_length = 20\n'
-        "truncate = false\n"
-        f'[[models]]\nname = "reranker"\nmodel = "{trained_models["reranker"]}"\n'
-        "max_length = 32\n"
-        f'[[models]]\nname = "sentiment"\nmodel = "{trained_models["classifier"]}"\n'
-        "max_length = 16\n"
-    )
-    with RemoteServer(["--config", str(cfg)]) as srv:
+    models = [
+        {"name": "clip", "model": tiny_media_models["clip"], "max_length": 10},
+        {
+            "name": "minilm",
+            "model": "builtin:all-MiniLM-L6-v2",
+            "max_length": 20,
+            "truncate": False,
+        },
+        {"name": "reranker", "model": trained_models["reranker"], "max_length": 32},
+        {"name": "sentiment", "model": trained_models["classifier"], "max_length": 16},
+    ]
+    with server_with(tmp_path_factory.mktemp("limited"), models) as srv:
         yield srv
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from openai_compat.sparse import SparseVector, decode_base64
-from tests.utils import RemoteServer
+from tests.utils import RemoteServer, server_with
 
 pytestmark = pytest.mark.slow
 
@@ -28,13 +28,12 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory, splade_path: Path) -> Iterator[RemoteServer]:
-    cfg = tmp_path_factory.mktemp("cfg") / "sparse.toml"
-    cfg.write_text(
-        '[[models]]\nname = "minilm"\nmodel = "builtin:all-MiniLM-L6-v2"\n'
+    models = [
+        {"name": "minilm", "model": "builtin:all-MiniLM-L6-v2"},
         # detected from the folder (BertForMaskedLM): no kind needed
-        f'[[models]]\nname = "splade"\nmodel = "{splade_path}"\nmax_length = 256\n'
-    )
-    with RemoteServer(["--config", str(cfg)]) as server:
+        {"name": "splade", "model": splade_path, "max_length": 256},
+    ]
+    with server_with(tmp_path_factory.mktemp("cfg"), models) as server:
         yield server
 
 

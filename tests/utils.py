@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -10,8 +11,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -123,3 +125,42 @@ class RemoteServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _toml(value: Any) -> str:
+    """One TOML value: strings (JSON's escapes are TOML's), numbers, booleans, arrays, inline
+    tables, and paths as strings."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (str, Path)):
+        return json.dumps(str(value))
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(f"no TOML for {value!r}")
+
+
+def write_config(path: Path, models: Sequence[Mapping[str, Any]], **options: Any) -> Path:
+    """A server config file: top-level `options`, then one [[models]] table per mapping."""
+    lines = [f"{key} = {_toml(value)}" for key, value in options.items()]
+    for model in models:
+        lines.append("[[models]]")
+        lines += [f"{key} = {_toml(value)}" for key, value in model.items()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@contextlib.contextmanager
+def server_with(
+    folder: Path,
+    models: Sequence[Mapping[str, Any]],
+    args: Sequence[str] = (),
+    **options: Any,
+) -> Iterator[RemoteServer]:
+    """A server on a config of `models` (and top-level `options`) written into `folder`."""
+    config = write_config(folder / "models.toml", models, **options)
+    with RemoteServer(["--config", str(config), *args]) as server:
+        yield server
