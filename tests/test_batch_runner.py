@@ -144,3 +144,144 @@ async def test_no_wave_is_sent_ahead_while_live_requests_are_in_flight(
     assert most == 1
     assert len(output(store, batch_id)) == LINES
     store.close()
+
+
+def write_lines(store: Store, tmp_path: Path, raw_lines: list[bytes]) -> str:
+    """A batch over exactly these input lines (blank ones kept)."""
+    source = tmp_path / "lines.jsonl"
+    source.write_bytes(b"\n".join(raw_lines) + b"\n")
+    file_id = store.add_file(source, purpose="batch", filename="lines.jsonl")["id"]
+    obj = batch_object(
+        input_file_id=file_id,
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+        metadata=None,
+        now=int(time.time()),
+    )
+    store.add_batch(obj)
+    return str(obj["id"])
+
+
+def embedding_line(custom_id: str, body: Any) -> bytes:
+    return orjson.dumps(
+        {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings", "body": body}
+    )
+
+
+def errors(store: Store, batch_id: str) -> list[dict[str, Any]]:
+    obj = store.batch(batch_id)
+    assert obj is not None and obj["error_file_id"] is not None, obj
+    path = store.file_path(obj["error_file_id"])
+    assert path is not None
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+async def echo(url: str, body: bytes) -> tuple[int, bytes, str]:
+    return 200, orjson.dumps({"echo": orjson.loads(body)["input"]}), ""
+
+
+async def test_a_line_that_breaks_the_server_fails_alone(tmp_path: Path) -> None:
+    """A route that raises (any 500) and a body nested too deep to re-encode fail their own
+    lines; the lines around them complete and the batch completes."""
+    store = Store(tmp_path / "data")
+    batch_id = write_lines(
+        store,
+        tmp_path,
+        [
+            embedding_line("a", {"model": "m", "input": "fine"}),
+            embedding_line("boom", {"model": "m", "input": "raise"}),
+            b'{"custom_id": "deep", "method": "POST", "url": "/v1/embeddings", "body": '
+            + b'{"input": '
+            + b"[" * 300
+            + b'"x"'
+            + b"]" * 300
+            + b"}}",
+            embedding_line("b", {"model": "m", "input": "also fine"}),
+        ],
+    )
+
+    async def dispatch(url: str, body: bytes) -> tuple[int, bytes, str]:
+        if orjson.loads(body)["input"] == "raise":
+            raise RuntimeError("the route broke")
+        return await echo(url, body)
+
+    await Runner(lambda: store, dispatch, Gate(), max_requests=100).run(batch_id)
+    assert [r["custom_id"] for r in output(store, batch_id)] == ["a", "b"]
+    failed = {e["custom_id"]: e["error"] for e in errors(store, batch_id)}
+    assert failed["boom"]["code"] == "server_error" and failed["boom"]["line"] == 2
+    assert failed["deep"]["code"] == "invalid_body" and failed["deep"]["line"] == 3
+    obj = store.batch(batch_id)
+    assert obj is not None and obj["request_counts"] == {"total": 4, "completed": 2, "failed": 2}
+    store.close()
+
+
+async def test_a_line_that_is_not_json_is_named_by_its_line_number(tmp_path: Path) -> None:
+    store = Store(tmp_path / "data")
+    lines = [embedding_line(f"c{i}", {"model": "m", "input": str(i)}) for i in range(5)]
+    # blank lines count as lines of the file, as an editor shows them
+    batch_id = write_lines(store, tmp_path, [lines[0], b"", lines[1], b"{oops", *lines[2:]])
+    await Runner(lambda: store, echo, Gate(), max_requests=100).run(batch_id)
+    (bad,) = errors(store, batch_id)
+    assert bad["error"]["code"] == "invalid_json" and bad["error"]["line"] == 4
+    assert bad["error"]["message"].startswith("Line 4 is not valid JSON")
+    store.close()
+
+
+async def test_line_numbers_carry_on_after_a_resume(tmp_path: Path) -> None:
+    """Stopped after the first wave and resumed: the numbers count from the file's start."""
+    store = Store(tmp_path / "data")
+    good = [embedding_line(f"c{i}", {"model": "m", "input": str(i)}) for i in range(4)]
+    batch_id = write_lines(store, tmp_path, [good[0], b"", good[1], good[2], b"nope", good[3]])
+    stopping = False
+
+    async def dispatch(url: str, body: bytes) -> tuple[int, bytes, str]:
+        nonlocal stopping
+        stopping = True  # the server stops once the first wave is in
+        return await echo(url, body)
+
+    await Runner(lambda: store, dispatch, Gate(stopping=lambda: stopping), 100).run(batch_id)
+    assert store.progress(batch_id).lines_read == 2  # one wave (CHUNK = 2) committed
+    await Runner(lambda: store, echo, Gate(), max_requests=100).run(batch_id)
+    (bad,) = errors(store, batch_id)
+    assert bad["error"]["line"] == 5
+    store.close()
+
+
+async def test_a_failed_batch_keeps_the_lines_it_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner itself breaks mid-job (the disk, say): the batch fails, and the output
+    committed before that is still a file the client can read."""
+    store, batch_id = job(tmp_path)
+    syncs = 0
+    real_fsync = runner_module._fsync_both
+
+    def fsync(*files: BinaryIO) -> None:
+        nonlocal syncs
+        syncs += 1
+        if syncs == 2:
+            raise OSError("disk gone")
+        real_fsync(*files)
+
+    monkeypatch.setattr(runner_module, "_fsync_both", fsync)
+    runner = Runner(lambda: store, echo, Gate(), max_requests=100)
+    gate_stop = Gate(stopping=lambda: store.status(batch_id) == "failed")
+    runner.gate = gate_stop
+    await asyncio.wait_for(runner.serve(), timeout=30)
+    obj = store.batch(batch_id)
+    assert obj is not None and obj["status"] == "failed"
+    assert obj["errors"]["data"][0]["code"] == "server_error"
+    path = store.file_path(obj["output_file_id"])
+    assert path is not None
+    kept = [orjson.loads(line)["custom_id"] for line in path.read_bytes().splitlines()]
+    assert kept == ["c0", "c1"]  # the first wave, as committed
+    store.close()
+
+
+def test_ray_actors_get_no_api_key() -> None:
+    from openai_compat.batch.ray_job import _actor_settings
+    from openai_compat.settings import Settings
+
+    shipped = _actor_settings(Settings(api_key=("top-secret",)))
+    assert "top-secret" not in shipped
+    assert Settings.model_validate_json(shipped).api_key == ()

@@ -271,8 +271,10 @@ def test_a_job_survives_kill_9_without_losing_or_repeating_a_line(tmp_path: Path
 # ---------------------------------------------------------------- the CLI
 
 
-def _cli(args: list[str], *, slow: bool = False, **kw: Any) -> subprocess.Popen[bytes]:
-    env = {**os.environ, **SERVER_ENV}
+def _cli(
+    args: list[str], *, slow: bool = False, env: dict[str, str] | None = None, **kw: Any
+) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **SERVER_ENV, **(env or {})}
     if slow:
         env["OPENAI_COMPAT_TEST_BATCH_SECONDS"] = "0.05"
     module = "tests.slow_engine" if slow else "openai_compat"
@@ -376,7 +378,7 @@ def _ray_workers() -> set[int]:
 def test_ray_job_output_equals_the_local_run(tmp_path: Path) -> None:
     """A local Ray instance (this machine's 2 CPUs), 2 actors: the same lines, in the same
     order, with the same vectors and the same failures as the local CLI run; afterwards no
-    actor process is left holding its models."""
+    actor process is left holding its models. An API key is set: the actors need none."""
     before = _ray_workers()
     bodies = [{"model": MODEL, "input": [f"ray line {i}", f"second text {i}"]} for i in range(40)]
     lines = [_line(f"y{i}", b) for i, b in enumerate(bodies)]
@@ -384,11 +386,13 @@ def test_ray_job_output_equals_the_local_run(tmp_path: Path) -> None:
     source = tmp_path / "in.jsonl"
     source.write_bytes(b"\n".join(lines) + b"\n")
     local, ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
-    first = _cli([str(source), "-o", str(local)])
+    keyed = {"OPENAI_COMPAT_API_KEYS": "batch-secret"}
+    first = _cli([str(source), "-o", str(local)], env=keyed)
     log = first.communicate(timeout=300)[0].decode(errors="replace")
     assert first.returncode == 0, log[-3000:]
     second = _cli(
-        [str(source), "-o", str(ray), "--ray", "--ray-actors", "2", "--ray-cpus-per-actor", "0.5"]
+        [str(source), "-o", str(ray), "--ray", "--ray-actors", "2", "--ray-cpus-per-actor", "0.5"],
+        env=keyed,
     )
     log = second.communicate(timeout=600)[0].decode(errors="replace")
     assert second.returncode == 0, log[-3000:]

@@ -41,8 +41,9 @@ class LineWorker:
         settings = Settings.model_validate_json(settings_json)
         # the app's own Batch API store is unused here: keep it out of the real data dir
         # (model_copy does not validate: the value must already be a Path)
+        # No API key: the lines reach the app in process, never over a network.
         settings = settings.model_copy(
-            update={"data_dir": Path(tempfile.mkdtemp(prefix="oc-ray-"))}
+            update={"data_dir": Path(tempfile.mkdtemp(prefix="oc-ray-")), "api_key": ()}
         )
         logs.configure("warning", settings.log_format)
         self.endpoint = endpoint
@@ -60,7 +61,7 @@ class LineWorker:
         if register is not None:
             register(self.close)
         self.client = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=self.app),
+            transport=httpx.ASGITransport(app=self.app, raise_app_exceptions=False),
             base_url="http://batch.internal",
             timeout=600,
         )
@@ -156,7 +157,8 @@ def run(
         ds = ray.data.read_text(source, drop_empty_lines=True, num_cpus=0.1)
         results = ds.map_batches(
             LineWorker,
-            fn_constructor_args=(settings.model_dump_json(), endpoint),
+            # the actors need no API key (lines reach their app in process): none is shipped
+            fn_constructor_args=(_actor_settings(settings), endpoint),
             batch_size=LINES_PER_CALL,
             concurrency=actors,
             num_cpus=cpus_per_actor,
@@ -212,3 +214,8 @@ def _uri(path: str) -> str:
     if "://" in path:
         return path
     return str(Path(path).resolve())
+
+
+def _actor_settings(settings: Settings) -> str:
+    """The settings an actor is built from, as JSON, without the server's API keys."""
+    return settings.model_copy(update={"api_key": ()}).model_dump_json()

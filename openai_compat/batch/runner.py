@@ -94,43 +94,68 @@ def scan(path: Path, limit: int) -> tuple[int, frozenset[int]]:
     return n, frozenset(duplicates)
 
 
-def _error(custom_id: Any, code: str, message: str) -> LineResult:
+def _error(custom_id: Any, code: str, message: str, line: int | None = None) -> LineResult:
+    """An error record; `line` (1-based, in the input file) as OpenAI's validation errors."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if line is not None:
+        error["line"] = line
     return LineResult(
         False,
         {
             "id": new_id("batch_req_"),
             "custom_id": custom_id if isinstance(custom_id, str) else None,
             "response": None,
-            "error": {"code": code, "message": message},
+            "error": error,
         },
     )
 
 
-async def run_line(raw: bytes, endpoint: str, duplicate: bool, dispatch: Dispatch) -> LineResult:
-    """One input line -> its output or error record (OpenAI's batch line format)."""
+async def run_line(
+    raw: bytes, endpoint: str, duplicate: bool, dispatch: Dispatch, number: int | None = None
+) -> LineResult:
+    """One input line (line `number` of the file, 1-based) -> its output or error record
+    (OpenAI's batch line format). Whatever the line holds, it fails alone: it never raises
+    but Retry (the server is busy) or cancellation."""
+    where = f"Line {number}" if number is not None else "The line"
     try:
         line = orjson.loads(raw)
     except ValueError as exc:
-        return _error(None, "invalid_json", f"The line is not valid JSON: {exc}.")
+        return _error(None, "invalid_json", f"{where} is not valid JSON: {exc}.", number)
     if not isinstance(line, dict):
-        return _error(None, "invalid_request", "A line must be a JSON object.")
+        return _error(None, "invalid_request", f"{where} must be a JSON object.", number)
     custom_id = line.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        return _error(None, "missing_custom_id", "Each line needs a string 'custom_id'.")
+        return _error(None, "missing_custom_id", f"{where} needs a string 'custom_id'.", number)
     if duplicate:
-        return _error(custom_id, "duplicate_custom_id", f"custom_id {custom_id!r} was used before.")
+        return _error(
+            custom_id, "duplicate_custom_id", f"custom_id {custom_id!r} was used before.", number
+        )
     if line.get("method") != "POST":
-        return _error(custom_id, "invalid_method", "'method' must be 'POST'.")
+        return _error(custom_id, "invalid_method", "'method' must be 'POST'.", number)
     if line.get("url") != endpoint:
         return _error(
             custom_id,
             "invalid_url",
             f"'url' must be the batch's endpoint {endpoint!r}, got {line.get('url')!r}.",
+            number,
         )
     body = line.get("body")
     if not isinstance(body, dict):
-        return _error(custom_id, "invalid_body", "'body' must be a JSON object.")
-    status, content, request_id = await dispatch(endpoint, orjson.dumps(body))
+        return _error(custom_id, "invalid_body", "'body' must be a JSON object.", number)
+    try:
+        encoded = orjson.dumps(body)
+    except orjson.JSONEncodeError as exc:  # e.g. nested deeper than orjson writes (254)
+        return _error(custom_id, "invalid_body", f"'body' cannot be sent: {exc}.", number)
+    try:
+        status, content, request_id = await dispatch(endpoint, encoded)
+    except Exception as exc:  # the route or transport broke on this line: it fails alone
+        logger.exception("batch line %s (%s) failed on the server", number, custom_id)
+        return _error(
+            custom_id,
+            "server_error",
+            f"The server failed on this line ({type(exc).__name__}).",
+            number,
+        )
     if status in RETRY_STATUSES:
         raise Retry(status)
     try:
@@ -156,25 +181,43 @@ def _inputs(raw: bytes) -> int:
     return max(1, len(items)) if isinstance(items, list) else 1
 
 
-def _read_wave(f: BinaryIO, max_lines: int, max_inputs: int) -> tuple[list[bytes], int]:
-    """Non-blank lines from f's position, up to max_lines or until they hold max_inputs
-    inputs; and the offset after the last one read."""
-    lines: list[bytes] = []
+def _read_wave(
+    f: BinaryIO, max_lines: int, max_inputs: int, physical: int
+) -> tuple[list[tuple[int, bytes]], int, int]:
+    """Non-blank lines from f's position (which is after line `physical` of the file), up to
+    max_lines or until they hold max_inputs inputs, each with its 1-based line number; the
+    offset after the last one read, and its line number."""
+    lines: list[tuple[int, bytes]] = []
     inputs = 0
     while len(lines) < max_lines and inputs < max_inputs:
         raw = f.readline()
         if not raw:
             break
+        physical += 1
         if raw.strip():
-            lines.append(raw)
+            lines.append((physical, raw))
             inputs += _inputs(raw)
-    return lines, f.tell()
+    return lines, f.tell(), physical
+
+
+def _count_lines(path: Path, end: int) -> int:
+    """Lines of the file before byte offset `end` (where a resumed job carries on)."""
+    n = 0
+    with path.open("rb") as f:
+        while end > 0:
+            chunk = f.read(min(end, 1 << 20))
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            end -= len(chunk)
+    return n
 
 
 @dataclass
 class _Wave:
-    first: int  # the number of its first line
+    first: int  # the number of its first line (non-blank lines counted from 0)
     offset: int  # in the input file, after its last line
+    physical: int  # the file's line number of its last line (1-based)
     task: asyncio.Future[list[LineResult]]
 
 
@@ -208,9 +251,14 @@ class Runner:
                 await asyncio.wait_for(self.wake.wait(), timeout=1.0)
 
     def _fail(self, batch_id: str, code: str, message: str) -> None:
+        """Close a batch as failed; the lines it finished stay reachable (its output and
+        error files as last committed)."""
         obj = self.store.batch(batch_id)
         if obj is None or obj["status"] not in OPEN_STATUSES:
             return
+        if obj["status"] != "validating":
+            progress = self.store.progress(batch_id)
+            self._register_files(obj, progress.output_bytes, progress.error_bytes)
         obj["status"], obj["failed_at"] = "failed", int(time.time())
         obj["errors"] = {"object": "list", "data": [{"code": code, "message": message}]}
         self.store.save(obj)
@@ -253,8 +301,10 @@ class Runner:
             with path.open("ab") as f:
                 f.truncate(size)  # anything written after the last commit is done again
         counts = obj["request_counts"]
+        committed_line = await asyncio.to_thread(_count_lines, input_path, progress.input_offset)
         with input_path.open("rb") as inp, out_path.open("ab") as out, err_path.open("ab") as err:
             inp.seek(progress.input_offset)
+            next_line = committed_line  # the file's line number the next read starts after
             dups = progress.duplicates
             wave: _Wave | None = None  # sent, its results not written yet
             try:
@@ -271,14 +321,18 @@ class Runner:
                         await self.gate.wait()
                         # idle: a wave fills engine batches; live requests in flight: one line
                         busy = self.gate.live() > 0
-                        wave = self._send(inp, obj["endpoint"], progress.lines_read, dups, busy)
+                        wave = self._send(
+                            inp, obj["endpoint"], progress.lines_read, next_line, dups, busy
+                        )
                         if wave is None:
                             return True
+                        next_line = wave.physical
                     try:
                         results = await wave.task
                     except Retry:
                         wave = None
                         inp.seek(progress.input_offset)  # nothing written: again, later
+                        next_line = committed_line
                         await asyncio.sleep(0.2)
                         continue
                     done, wave = wave, None
@@ -286,7 +340,9 @@ class Runner:
                     # fsynced and committed (the engine would otherwise wait for the disk).
                     if self.gate.live() == 0 and not self.gate.stopping():
                         next_first = done.first + len(results)
-                        wave = self._send(inp, obj["endpoint"], next_first, dups, False)
+                        wave = self._send(inp, obj["endpoint"], next_first, next_line, dups, False)
+                        if wave is not None:
+                            next_line = wave.physical
                     for r in results:
                         (out if r.ok else err).write(r.encoded() + b"\n")
                         counts["completed" if r.ok else "failed"] += 1
@@ -301,6 +357,7 @@ class Runner:
                         dups,
                     )
                     self.store.save(obj, progress)
+                    committed_line = done.physical
                     obj["status"] = self.store.status(batch_id) or obj["status"]
             finally:
                 if wave is not None:  # sent ahead, never written: done again on resume
@@ -308,19 +365,26 @@ class Runner:
                     wave.task.add_done_callback(_retrieve)
 
     def _send(
-        self, inp: BinaryIO, endpoint: str, first: int, duplicates: frozenset[int], busy: bool
+        self,
+        inp: BinaryIO,
+        endpoint: str,
+        first: int,
+        physical: int,
+        duplicates: frozenset[int],
+        busy: bool,
     ) -> _Wave | None:
-        """Read the next wave of lines (line `first` on) and send them; None at the end."""
-        lines, offset = _read_wave(inp, 1 if busy else CHUNK, WAVE_INPUTS)
+        """Read the next wave of lines (request `first` on, after the file's line
+        `physical`) and send them; None at the end."""
+        lines, offset, last = _read_wave(inp, 1 if busy else CHUNK, WAVE_INPUTS, physical)
         if not lines:
             return None
         task = asyncio.gather(
             *(
-                run_line(raw, endpoint, first + i in duplicates, self.dispatch)
-                for i, raw in enumerate(lines)
+                run_line(raw, endpoint, first + i in duplicates, self.dispatch, number)
+                for i, (number, raw) in enumerate(lines)
             )
         )
-        return _Wave(first, offset, task)
+        return _Wave(first, offset, last, task)
 
     def _finalize(self, obj: dict[str, Any]) -> None:
         """Register the output and error files and close the batch. Idempotent: the files'
@@ -330,11 +394,30 @@ class Runner:
         cancelled = obj["status"] == "cancelling" or self.store.status(batch_id) == "cancelling"
         expired = not cancelled and now > obj["expires_at"]
         obj["finalizing_at"] = obj.get("finalizing_at") or now
+        self._register_files(obj)
+        if cancelled:
+            obj["status"], obj["cancelled_at"] = "cancelled", now
+        elif expired:
+            obj["status"], obj["expired_at"] = "expired", now
+        else:
+            obj["status"], obj["completed_at"] = "completed", now
+        self.store.save(obj)
+
+    def _register_files(
+        self, obj: dict[str, Any], output_bytes: int | None = None, error_bytes: int | None = None
+    ) -> None:
+        """Make the batch's output file (and its error file, if any line failed) files of
+        the Files API, first cut to the committed sizes when given. Idempotent: the files'
+        ids come from the batch's."""
+        batch_id = obj["id"]
         folder = self.store.batch_dir(batch_id)
+        folder.mkdir(parents=True, exist_ok=True)
         suffix = batch_id.removeprefix("batch_")
         out, err = folder / "output.jsonl", folder / "errors.jsonl"
-        out.touch()
-        err.touch()
+        for path, size in ((out, output_bytes), (err, error_bytes)):
+            with path.open("ab") as f:
+                if size is not None and f.tell() > size:
+                    f.truncate(size)  # written after the last commit: not part of the job
         obj["output_file_id"] = self.store.add_file(
             out,
             purpose="batch_output",
@@ -350,13 +433,6 @@ class Runner:
                 file_id=f"file-{suffix}e",
                 move=False,
             )["id"]
-        if cancelled:
-            obj["status"], obj["cancelled_at"] = "cancelled", now
-        elif expired:
-            obj["status"], obj["expired_at"] = "expired", now
-        else:
-            obj["status"], obj["completed_at"] = "completed", now
-        self.store.save(obj)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -70,7 +70,7 @@ class BatchService:
         if self.settings.api_key:
             headers["Authorization"] = f"Bearer {self.settings.api_key[0]}"
         self._client = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app),
+            transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
             base_url="http://batch.internal",
             headers=headers,
             timeout=LINE_TIMEOUT,
