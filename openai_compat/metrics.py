@@ -34,7 +34,8 @@ class _ModelState(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         queued = GaugeMetricFamily(
             "openai_compat_queued_inputs",
-            "Inputs admitted to a model and not yet answered (what --max-queued-inputs bounds).",
+            "Inputs admitted to a model and not yet answered, live and Batch API lines "
+            "(--max-queued-inputs bounds each).",
             labels=["model"],
         )
         inflight = GaugeMetricFamily(
@@ -52,8 +53,8 @@ class _ModelState(Collector):
             "openai_compat_model_load_seconds", "Seconds the model took to load.", labels=["model"]
         )
         for entry in self.registry.entries():
-            queued.add_metric([entry.name], entry.queued)
-            inflight.add_metric([entry.name], entry.inflight)
+            queued.add_metric([entry.name], entry.pending)
+            inflight.add_metric([entry.name], entry.inflight + entry.background_inflight)
             engine_queue.add_metric([entry.name], entry.engine_queue())
             loaded.add_metric([entry.name], entry.load_seconds)
         return [queued, inflight, engine_queue, loaded]

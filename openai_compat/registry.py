@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from openai_compat.compact import Quantizer
 from openai_compat.engine import adapter
-from openai_compat.engine.feeder import Feeder
+from openai_compat.engine.feeder import Feeder, in_background
 from openai_compat.errors import BadRequest, ModelNotFound, RateLimited
 from openai_compat.prompts import Prompts
 from openai_compat.settings import ModelConfig, check_unique_names
@@ -45,8 +45,10 @@ class ModelEntry:
     prompts: Prompts = field(default_factory=Prompts)
     quantizer: Quantizer | None = None  # int8/uint8 ranges (see compact.py)
     feeder: Feeder | None = None  # embed calls in length-sorted waves (engine/feeder.py)
-    queued: int = 0  # inputs admitted and not yet answered
-    inflight: int = 0  # requests being served
+    queued: int = 0  # live inputs admitted and not yet answered
+    inflight: int = 0  # live requests in the engine's hands
+    background_queued: int = 0  # the same for Batch API lines (their own budget)
+    background_inflight: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     load_seconds: float = 0.0
 
@@ -66,21 +68,38 @@ class ModelEntry:
         """Admission control: refuse (429) work that would push the queued inputs past `limit`.
 
         A request is always admitted onto an idle model, so one larger than the limit can
-        still run; the queue never holds more than `limit` plus one request's inputs.
+        still run; the queue never holds more than `limit` plus one request's inputs. Live
+        requests and Batch API lines (inside feeder.background()) have a budget each: a job
+        never uses up live admission, and live traffic never starves a job of its own.
         """
-        if limit and self.queued and self.queued + inputs > limit:
+        background = in_background()
+        queued = self.background_queued if background else self.queued
+        if limit and queued and queued + inputs > limit:
             raise RateLimited(
-                f"Model {self.name!r} has {self.queued} inputs queued (limit {limit}); "
+                f"Model {self.name!r} has {queued} inputs queued (limit {limit}); "
                 "retry shortly.",
                 headers={"Retry-After": "1"},
             )
-        self.queued += inputs
-        self.inflight += 1
+        if background:
+            self.background_queued += inputs
+            self.background_inflight += 1
+        else:
+            self.queued += inputs
+            self.inflight += 1
         try:
             yield
         finally:
-            self.queued -= inputs
-            self.inflight -= 1
+            if background:
+                self.background_queued -= inputs
+                self.background_inflight -= 1
+            else:
+                self.queued -= inputs
+                self.inflight -= 1
+
+    @property
+    def pending(self) -> int:
+        """Inputs admitted and not yet answered, live and background."""
+        return self.queued + self.background_queued
 
     def tokenizer(self, param: str) -> TokenCounter:
         """The model's own tokenizer (tokenize and decode routes); 400 for models without."""

@@ -285,3 +285,64 @@ def test_ray_actors_get_no_api_key() -> None:
     shipped = _actor_settings(Settings(api_key=("top-secret",)))
     assert "top-secret" not in shipped
     assert Settings.model_validate_json(shipped).api_key == ()
+
+
+async def test_lines_larger_together_than_admission_never_livelock(tmp_path: Path) -> None:
+    """A 1-input line beside a 150-input one under an admission limit of 100: the waves are
+    cut so admission can take each whole; refused lines are sent again alone, and a line
+    that finished is never sent twice."""
+    from openai_compat.registry import ModelEntry
+    from openai_compat.settings import ModelConfig
+
+    store = Store(tmp_path / "data")
+    sizes = [1, 150, 2, 3, 120, 1]
+    batch_id = write_lines(
+        store,
+        tmp_path,
+        [
+            embedding_line(f"c{i}", {"model": "m", "input": [f"t{i}"] * n})
+            for i, n in enumerate(sizes)
+        ],
+    )
+    entry = ModelEntry(config=ModelConfig(model="m"), engine=None, capabilities=frozenset())
+    sent: list[str] = []
+
+    async def dispatch(url: str, body: bytes) -> tuple[int, bytes, str]:
+        inputs = orjson.loads(body)["input"]
+        sent.append(inputs[0])
+        try:
+            with entry.admit(len(inputs), 100):  # the real admission, a model's budget
+                await asyncio.sleep(0.01)
+        except Exception:
+            return 429, b'{"error": {"message": "busy"}}', ""
+        return 200, orjson.dumps({"n": len(inputs)}), ""
+
+    runner = Runner(lambda: store, dispatch, Gate(), max_requests=100, admission=100)
+    await asyncio.wait_for(runner.run(batch_id), timeout=20)
+    records = output(store, batch_id)
+    assert [r["response"]["body"]["n"] for r in records] == sizes
+    assert sorted(sent) == sorted(f"t{i}" for i in range(len(sizes)))  # each line once
+    store.close()
+
+
+async def test_refused_lines_are_sent_again_without_their_finished_neighbours(
+    tmp_path: Path,
+) -> None:
+    store, batch_id = job(tmp_path)
+    sent: list[str] = []
+    refusals = {"text 1": 2}  # refused twice, then taken
+
+    async def dispatch(url: str, body: bytes) -> tuple[int, bytes, str]:
+        text = orjson.loads(body)["input"][0]
+        sent.append(text)
+        if refusals.get(text, 0) > 0:
+            refusals[text] -= 1
+            return 503, b'{"error": {"message": "draining"}}', ""
+        return 200, orjson.dumps({"echo": text}), ""
+
+    await Runner(lambda: store, dispatch, Gate(), max_requests=100).run(batch_id)
+    assert [r["response"]["body"]["echo"] for r in output(store, batch_id)] == [
+        f"text {i}" for i in range(LINES)
+    ]
+    assert sent.count("text 1") == 3 and sent.count("text 0") == 1
+    store.close()

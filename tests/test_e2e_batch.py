@@ -187,17 +187,56 @@ def test_bad_requests_are_clear_4xx(srv: RemoteServer) -> None:
     assert httpx.get(url + "/batches", params={"limit": 0}).status_code == 400
 
 
-def _debug_server(data: Path) -> RemoteServer:
+def _debug_server(data: Path, *args: str) -> RemoteServer:
     cfg = data.parent / "debug.toml"
     cfg.write_text(
         '[[models]]\nname = "debug"\nmodel = "debug/engine"\nengine = "debugengine"\n'
         "batch_size = 16\n"
     )
     return RemoteServer(
-        ["--config", str(cfg), "--data-dir", str(data)],
+        ["--config", str(cfg), "--data-dir", str(data), *args],
         env={"OPENAI_COMPAT_TEST_BATCH_SECONDS": "0.05"},
         slow_engine=True,
     )
+
+
+def test_live_requests_beside_a_huge_batch_line_are_never_refused(tmp_path: Path) -> None:
+    """One batch line reranks 1,200 documents (about 4 s of engine time here, 75 batches
+    of 0.05 s) on a model that admits 200 inputs at once: the job has its own admission
+    budget, so 30 live requests meanwhile are all answered, none 429."""
+    import concurrent.futures
+
+    with _debug_server(tmp_path / "data", "--max-queued-inputs", "200") as srv:
+        client = _client(srv)
+        docs = [f"document {i}" for i in range(1200)]
+        line = _line("big", {"model": "debug", "query": "q", "documents": docs}, url="/v1/rerank")
+        up = client.files.create(file=("r.jsonl", line), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=up.id, endpoint="/v1/rerank", completion_window="24h"
+        )
+        deadline = time.monotonic() + 30
+        while _metric(srv, "openai_compat_queued_inputs") < 1000:  # the line is in the engine
+            assert time.monotonic() < deadline, "the batch line never reached the engine"
+            time.sleep(0.02)
+
+        def live(i: int) -> int:
+            body = {"model": "debug", "input": f"live {i}"}
+            return httpx.post(srv.base_url + "/embeddings", json=body, timeout=60).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(live, range(30)))
+        assert statuses == [200] * 30
+        done = _wait(client, batch.id, timeout=120)
+        assert done.status == "completed" and done.request_counts.completed == 1
+
+
+def _metric(srv: RemoteServer, name: str) -> float:
+    """A gauge's value summed over its labels, from /metrics."""
+    total = 0.0
+    for row in httpx.get(srv.url + "/metrics").text.splitlines():
+        if row.startswith(name + "{") or row.startswith(name + " "):
+            total += float(row.rsplit(" ", 1)[1])
+    return total
 
 
 def test_cancel_and_list_pagination(tmp_path: Path) -> None:

@@ -105,6 +105,61 @@ async def test_admission_control_refuses_past_the_queue_limit() -> None:
     assert entry.queued == 0 and entry.inflight == 0
 
 
+async def test_batch_lines_and_live_requests_have_an_admission_budget_each() -> None:
+    """A job's huge line (inside feeder.background()) never makes live requests 429, and
+    live traffic never uses up the job's budget; each budget still holds its own limit."""
+    from openai_compat.engine.feeder import background
+
+    gate = asyncio.Event()
+    entry = _entry(FakeEngine(gate=gate))
+
+    async def in_background(texts: list[str]) -> Any:
+        with background():
+            return await inference.embed_texts(entry, texts, SETTINGS)
+
+    job = asyncio.create_task(in_background(["j"] * 4))  # larger than live's room (6 - 4)
+    await asyncio.sleep(0)
+    assert (entry.background_queued, entry.queued, entry.inflight) == (4, 0, 0)
+    live = asyncio.create_task(inference.embed_texts(entry, ["l"] * 4, SETTINGS))
+    await asyncio.sleep(0)
+    assert entry.queued == 4 and entry.pending == 8
+    with pytest.raises(RateLimited):  # the job's own budget: 4 + 3 > 6
+        await in_background(["k"] * 3)
+    with pytest.raises(RateLimited):  # live's: 4 + 3 > 6
+        await inference.embed_texts(entry, ["m"] * 3, SETTINGS)
+    gate.set()
+    await asyncio.gather(job, live)
+    assert entry.pending == 0 and entry.inflight == entry.background_inflight == 0
+
+
+async def test_the_job_sees_only_live_engine_work_as_live() -> None:
+    """BatchService's gate: a live request holding the engine counts; one that is only
+    uploading or downloading (no model admitted it) does not, nor do the job's own lines."""
+    from openai_compat.batch.service import BatchService
+    from openai_compat.engine.feeder import background
+    from openai_compat.lifecycle import Lifecycle
+    from openai_compat.registry import Registry
+
+    entry = _entry(FakeEngine(gate=asyncio.Event()))
+    registry = Registry([entry.config])
+    registry.add(entry)
+    service = BatchService(Settings(), Lifecycle())
+    service._registry = registry
+    lifecycle_requests = 5  # e.g. slow uploads in the gateway: not engine work
+    service.lifecycle.inflight = lifecycle_requests
+    assert service._live() == 0
+    with background():
+        line = asyncio.create_task(inference.embed_texts(entry, ["j"], SETTINGS))
+    await asyncio.sleep(0)
+    assert service._live() == 0
+    live = asyncio.create_task(inference.embed_texts(entry, ["l"], SETTINGS))
+    await asyncio.sleep(0)
+    assert service._live() == 1
+    for task in (line, live):
+        task.cancel()
+    await asyncio.gather(line, live, return_exceptions=True)
+
+
 async def test_one_request_larger_than_the_limit_still_runs_on_an_idle_model() -> None:
     entry = _entry()
     settings = Settings(max_queued_inputs=2)

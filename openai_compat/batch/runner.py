@@ -37,6 +37,7 @@ CHUNK = 64  # most lines sent at once (one commit each wave)
 WAVE_INPUTS = 64  # inputs a wave stops at, while no live request is in flight
 MAX_YIELD = 1.0  # seconds a chunk waits for live traffic to pause before it goes anyway
 RETRY_STATUSES = (429, 503)  # overloaded or draining: the line is tried again, not failed
+RETRY_PAUSE = 0.2  # seconds before refused lines are sent again
 
 # (status, body bytes, request id) for a POST of `body` to `url`
 Dispatch = Callable[[str, bytes], Awaitable[tuple[int, bytes, str]]]
@@ -190,13 +191,18 @@ def _read_wave(
     lines: list[tuple[int, bytes]] = []
     inputs = 0
     while len(lines) < max_lines and inputs < max_inputs:
+        start = f.tell()
         raw = f.readline()
         if not raw:
             break
-        physical += 1
         if raw.strip():
-            lines.append((physical, raw))
-            inputs += _inputs(raw)
+            n = _inputs(raw)
+            if lines and inputs + n > max_inputs:
+                f.seek(start)  # the next wave's first line: a wave admission can take whole
+                break
+            lines.append((physical + 1, raw))
+            inputs += n
+        physical += 1
     return lines, f.tell(), physical
 
 
@@ -218,17 +224,26 @@ class _Wave:
     first: int  # the number of its first line (non-blank lines counted from 0)
     offset: int  # in the input file, after its last line
     physical: int  # the file's line number of its last line (1-based)
-    task: asyncio.Future[list[LineResult]]
+    lines: list[tuple[int, bytes]]  # (line number, raw line)
+    task: asyncio.Future[list[LineResult | None]]  # None: refused for now (429/503)
 
 
 class Runner:
     def __init__(
-        self, store: Callable[[], Store], dispatch: Dispatch, gate: Gate, max_requests: int
+        self,
+        store: Callable[[], Store],
+        dispatch: Dispatch,
+        gate: Gate,
+        max_requests: int,
+        admission: int = 0,
     ) -> None:
+        """`admission`: the inputs a model admits at once (--max-queued-inputs; 0 = no
+        limit): no wave holds more, unless it is one line."""
         self._store = store  # opened on first use (an app that never runs a batch opens none)
         self.dispatch = dispatch
         self.gate = gate
         self.max_requests = max_requests
+        self.wave_inputs = min(WAVE_INPUTS, admission) if admission else WAVE_INPUTS
         self.wake = asyncio.Event()
 
     @property
@@ -327,14 +342,10 @@ class Runner:
                         if wave is None:
                             return True
                         next_line = wave.physical
-                    try:
-                        results = await wave.task
-                    except Retry:
-                        wave = None
-                        inp.seek(progress.input_offset)  # nothing written: again, later
-                        next_line = committed_line
-                        await asyncio.sleep(0.2)
-                        continue
+                    answered = await self._answered(wave, obj["endpoint"], dups)
+                    if answered is None:
+                        return False  # stopping: the wave is done again on resume
+                    results = answered
                     done, wave = wave, None
                     # Idle: the next wave goes to the engine now, while this one is written,
                     # fsynced and committed (the engine would otherwise wait for the disk).
@@ -375,16 +386,50 @@ class Runner:
     ) -> _Wave | None:
         """Read the next wave of lines (request `first` on, after the file's line
         `physical`) and send them; None at the end."""
-        lines, offset, last = _read_wave(inp, 1 if busy else CHUNK, WAVE_INPUTS, physical)
+        lines, offset, last = _read_wave(inp, 1 if busy else CHUNK, self.wave_inputs, physical)
         if not lines:
             return None
         task = asyncio.gather(
             *(
-                run_line(raw, endpoint, first + i in duplicates, self.dispatch, number)
+                self._attempt(raw, endpoint, first + i in duplicates, number)
                 for i, (number, raw) in enumerate(lines)
             )
         )
-        return _Wave(first, offset, last, task)
+        return _Wave(first, offset, last, lines, task)
+
+    async def _attempt(
+        self, raw: bytes, endpoint: str, duplicate: bool, number: int
+    ) -> LineResult | None:
+        """A line's record, or None when the server cannot take it now (429/503)."""
+        try:
+            return await run_line(raw, endpoint, duplicate, self.dispatch, number)
+        except Retry:
+            return None
+
+    async def _answered(
+        self, wave: _Wave, endpoint: str, duplicates: frozenset[int]
+    ) -> list[LineResult] | None:
+        """Every line of the wave answered: the refused ones (429/503) sent again, alone of
+        the rest (a finished line is never sent twice); None if the server stops first."""
+        results = await wave.task
+        while True:
+            refused = [i for i, r in enumerate(results) if r is None]
+            if not refused:
+                return [r for r in results if r is not None]
+            if self.gate.stopping():
+                return None
+            await asyncio.sleep(RETRY_PAUSE)
+            await self.gate.wait()
+            again = await asyncio.gather(
+                *(
+                    self._attempt(
+                        wave.lines[i][1], endpoint, wave.first + i in duplicates, wave.lines[i][0]
+                    )
+                    for i in refused
+                )
+            )
+            for i, result in zip(refused, again, strict=True):
+                results[i] = result
 
     def _finalize(self, obj: dict[str, Any]) -> None:
         """Register the output and error files and close the batch. Idempotent: the files'

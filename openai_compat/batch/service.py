@@ -14,6 +14,7 @@ from openai_compat.batch.store import Store, StoreBusy, new_id
 from openai_compat.engine.feeder import background
 from openai_compat.errors import ServiceUnavailable
 from openai_compat.lifecycle import Lifecycle
+from openai_compat.registry import Registry
 from openai_compat.settings import Settings
 
 logger = logging.getLogger("openai_compat.batch")
@@ -29,12 +30,13 @@ class BatchService:
         self._store: Store | None = None
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
-        self.inflight = 0  # batch lines being served (they count in lifecycle.inflight too)
+        self._registry: Registry | None = None
         self.runner = Runner(
             self._lazy_store,
             self._dispatch,
             Gate(live=self._live, stopping=self._stopping),
             settings.batch_max_requests,
+            admission=settings.max_queued_inputs,
         )
 
     def _lazy_store(self) -> Store:
@@ -57,7 +59,11 @@ class BatchService:
         return self._lazy_store()
 
     def _live(self) -> int:
-        return max(0, self.lifecycle.inflight - self.inflight)
+        """Live requests in the engines' hands (a slow upload or download is not engine work
+        and does not hold the job back)."""
+        if self._registry is None:
+            return 0
+        return sum(entry.inflight for entry in self._registry.entries())
 
     def _stopping(self) -> bool:
         return self.lifecycle.phase in ("draining", "failed")
@@ -66,6 +72,7 @@ class BatchService:
         """Serve open batches (resuming any a previous process left) once models are ready."""
         # httpx logs every request at INFO: a line per batch row, beside our access log
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        self._registry = app.state.registry
         headers = {}
         if self.settings.api_key:
             headers["Authorization"] = f"Bearer {self.settings.api_key[0]}"
@@ -106,14 +113,11 @@ class BatchService:
 
     async def _dispatch(self, url: str, body: bytes) -> tuple[int, bytes, str]:
         assert self._client is not None
-        self.inflight += 1
-        try:
-            with background():  # its engine calls wait for live ones (engine/feeder.py)
-                resp = await self._client.post(
-                    url, content=body, headers={"Content-Type": "application/json"}
-                )
-        finally:
-            self.inflight -= 1
+        # its engine calls wait for live ones and have their own admission budget
+        with background():
+            resp = await self._client.post(
+                url, content=body, headers={"Content-Type": "application/json"}
+            )
         return resp.status_code, resp.content, resp.headers.get("x-request-id", "")
 
     def submit(self, obj: dict[str, Any]) -> dict[str, Any]:

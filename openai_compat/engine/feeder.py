@@ -72,6 +72,11 @@ def background() -> Iterator[None]:
         _BACKGROUND.reset(token)
 
 
+def in_background() -> bool:
+    """Whether the calling code runs inside `background()` (a Batch API line)."""
+    return _BACKGROUND.get()
+
+
 @dataclass(eq=False)
 class _Call:
     texts: list[str]

@@ -137,7 +137,7 @@ async def infinity_models(request: Request) -> Response:
         stats = {
             "queue_fraction": queued / limit if limit else 0.0,
             "queue_absolute": queued,
-            "results_pending": entry.queued,
+            "results_pending": entry.pending,
             "batch_size": entry.config.batch_size,
         }
         data.append(
