@@ -76,8 +76,7 @@ class ModelEntry:
         queued = self.background_queued if background else self.queued
         if limit and queued and queued + inputs > limit:
             raise RateLimited(
-                f"Model {self.name!r} has {queued} inputs queued (limit {limit}); "
-                "retry shortly.",
+                f"Model {self.name!r} has {queued} inputs queued (limit {limit}); retry shortly.",
                 headers={"Retry-After": "1"},
             )
         if background:

@@ -55,7 +55,7 @@ def run(settings: Settings, source: Path, output: Path, endpoint: str, force: bo
 
 async def _run(settings: Settings, source: Path, output: Path, endpoint: str) -> str:
     from openai_compat.app import create_app
-    from openai_compat.batch.runner import ENDPOINTS
+    from openai_compat.batch.lines import ENDPOINTS
     from openai_compat.batch.service import BatchService
 
     if endpoint not in ENDPOINTS:

@@ -105,7 +105,7 @@ class LineWorker:
         return resp.status_code, resp.content, resp.headers.get("x-request-id", "")
 
     async def _line(self, raw: bytes, gate: asyncio.Semaphore) -> tuple[bool, str]:
-        from openai_compat.batch.runner import Retry, run_line
+        from openai_compat.batch.lines import Retry, run_line
 
         async with gate:
             while True:

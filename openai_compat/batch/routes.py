@@ -19,7 +19,7 @@ from starlette.datastructures import UploadFile
 from starlette.responses import FileResponse, Response
 
 from openai_compat.api.request import body_openapi, read_body, settings_of
-from openai_compat.batch.runner import ENDPOINTS
+from openai_compat.batch.lines import ENDPOINTS
 from openai_compat.batch.service import BatchService, batch_object
 from openai_compat.encoding import orjson_response
 from openai_compat.errors import APIError, BadRequest, PayloadTooLarge
