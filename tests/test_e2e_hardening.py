@@ -103,3 +103,48 @@ def test_a_client_gone_while_uploading_is_a_499_not_a_500(server: RemoteServer) 
     )
     assert _metric(after, "openai_compat_requests_total", route=route, status="500") == 0
     assert "Traceback" not in server.output()
+
+
+# Routes that take lists of ints, with a body that names them. Each is sent twice: compact
+# (parsed on the event loop) and padded past 1 MiB with JSON whitespace (parsed in a worker
+# process, which hands the ints back as numpy arrays): the answers must be the same.
+INT_LIST_ROUTES = [
+    ("/v1/embeddings", {"model": MODEL, "input": [279, 315, 279]}),
+    ("/v1/embeddings", {"model": MODEL, "input": [[279, 315], [315]]}),
+    ("/embed", {"inputs": [[2023, 2003, 1037], [7592]]}),
+    ("/decode", {"ids": [101, 2023, 2003, 1037, 3231, 102]}),
+    ("/decode", {"ids": [[101, 2023, 102], [7592, 2088]]}),
+    ("/detokenize", {"model": MODEL, "tokens": [2023, 2003, 1037, 3231]}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), INT_LIST_ROUTES, ids=lambda v: str(v)[:40])
+def test_int_lists_answer_the_same_in_a_body_over_1_mib(
+    server: RemoteServer, path: str, body: dict[str, object]
+) -> None:
+    compact = orjson.dumps(body)
+    padded = compact[:-1] + b" " * (1024 * 1024 + 10) + b"}"
+    answers = []
+    for content in (compact, padded):
+        r = httpx.post(
+            server.url + path,
+            content=content,
+            headers={"Content-Type": "application/json"},
+            timeout=60,
+        )
+        assert r.status_code == 200, (len(content), r.text[:300])
+        answers.append(r.json())
+    small, big = answers
+    if path == "/v1/embeddings":  # new ids and timestamps aside
+        assert [d["embedding"] for d in big["data"]] == [d["embedding"] for d in small["data"]]
+        assert big["usage"] == small["usage"]
+    else:
+        assert big == small
+
+
+def test_tei_decode_of_600k_ids(server: RemoteServer) -> None:
+    ids = [2023, 2003] * 300_000
+    r = httpx.post(server.url + "/decode", json={"ids": ids}, timeout=120)
+    assert r.status_code == 200, r.text[:300]
+    (text,) = r.json()
+    assert text.startswith("this is this is") and text.count("this is") == 300_000

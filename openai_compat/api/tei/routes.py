@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
@@ -194,7 +195,8 @@ async def decode(request: Request) -> Response:
     """TEI: token ids back to text with the model's own tokenizer."""
     entry = _model(request, "embed", or_first=True)
     body = await read_body(request, TeiDecodeRequest)
-    single = not body.ids or isinstance(body.ids[0], int)
+    # ids may come as numpy arrays (bodies over 1 MiB are parsed in a worker: bodies.py)
+    single = len(body.ids) == 0 or isinstance(body.ids[0], int | np.integer)
     batches: Any = [body.ids] if single else body.ids
     texts = entry.tokenizer("ids").decode(
         batches, skip_special_tokens=body.skip_special_tokens, param="ids"
