@@ -6,9 +6,45 @@ numpy arrays with orjson instead of validating large float arrays through pydant
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
+
+# Integers a JSON answer can carry exactly (orjson writes 64-bit integers, signed or not).
+_INT_RANGE = (-(2**63), 2**64 - 1)
+
+
+def check_echoable(value: Any, where: str = "", depth: int = 0) -> None:
+    """A client's JSON value that we send back as given (a document object, say) must be one
+    we can write back unchanged: integers within 64 bits, finite floats. ValueError names the
+    first that is not (a 400), instead of a 500 or a silent null in the answer."""
+    if depth > 64:
+        raise ValueError(f"{where or 'value'} is nested more than 64 levels deep")
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, int):
+        if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+            raise ValueError(f"{where or 'value'}: integer {value} does not fit in 64 bits")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where or 'value'}: {value} is not a finite number")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_echoable(item, f"{where}.{key}" if where else str(key), depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_echoable(item, f"{where}[{i}]", depth + 1)
+
 
 # ---------------------------------------------------------------- errors
 
@@ -124,6 +160,19 @@ class EmbeddingRequest(BaseModel):
     return_tokens: StrictBool | None = Field(
         None, description="Sparse models: also return each index's vocabulary entry (`tokens`)."
     )
+
+    @field_validator("min_weight")
+    @classmethod
+    def _finite_weight(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        try:
+            weight = float(value)
+        except OverflowError:  # an int beyond any float (10**400)
+            raise ValueError("must be a finite number") from None
+        if not math.isfinite(weight):
+            raise ValueError("must be a finite number")
+        return weight
 
 
 class SparseEmbedding(BaseModel):

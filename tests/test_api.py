@@ -72,3 +72,36 @@ async def test_openapi_documents_the_request_bodies(client: httpx.AsyncClient) -
         "user",
     }
     assert "400" in op["responses"] and "/embeddings" not in schema["paths"]
+
+
+@pytest.mark.parametrize(
+    "document",
+    [b'{"text": "a", "n": 111111111111111111111111111111}', b'{"text": "a", "f": 1e400}'],
+)
+async def test_a_document_we_cannot_send_back_unchanged_is_a_400(
+    client: httpx.AsyncClient, document: bytes
+) -> None:
+    """Beyond 64 bits orjson cannot write an integer (was a 500); an infinite float would
+    come back as null (lost silently)."""
+    body = b'{"model": "debug", "query": "q", "return_documents": true, "documents": ['
+    r = await client.post(
+        "/v1/rerank",
+        content=body + document + b"]}",
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 400, r.text
+    assert "documents" in r.json()["message"] and "[0]." in r.json()["message"]
+
+
+async def test_a_min_weight_beyond_any_float_is_a_400(client: httpx.AsyncClient) -> None:
+    for raw in (b"1" + b"0" * 400, b"1e400"):
+        r = await client.post(
+            "/v1/embeddings",
+            content=b'{"model": "debug", "input": "x", "min_weight": ' + raw + b"}",
+            headers={"Content-Type": "application/json"},
+        )
+        assert r.status_code == 400, r.text
+        # refused as a number, before any model is asked (a sparse model's check raised
+        # OverflowError on 10**400: a 500)
+        error = r.json()["error"]
+        assert (error["param"], error["code"]) == ("min_weight", "invalid_value")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
-from openai_compat.protocol import Usage, error_responses
+from openai_compat.protocol import Usage, check_echoable, error_responses
 
 Truncate = Literal["NONE", "START", "END"]
 
@@ -141,6 +141,14 @@ class RerankRequest(BaseModel):
     max_tokens_per_doc: StrictInt | None = Field(
         None, description="Truncate each document to this many tokens first."
     )
+
+    @field_validator("documents")
+    @classmethod
+    def _echoable(cls, documents: list[Any]) -> list[Any]:
+        for i, doc in enumerate(documents):
+            if isinstance(doc, dict):  # sent back as given with return_documents
+                check_echoable(doc, f"[{i}]")
+        return documents
 
 
 class RerankRequestV2(RerankRequest):
