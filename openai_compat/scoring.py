@@ -112,6 +112,7 @@ async def rerank_texts(
             results, usage = await entry.engine.rerank(query=query, docs=docs)
             tokens = int(usage)
         else:
+            query = await _fit_query(entry, query, truncate_for(entry, settings))
             pairs = await _cut_documents(entry, query, docs)
             if not truncate_for(entry, settings):
                 await _refuse_long_pairs(entry, query, docs, pairs, docs_param)
@@ -122,6 +123,24 @@ async def rerank_texts(
     finite_scores(entry, [r.score for r in ranked])
     ranked.sort(key=lambda r: (-r.score, r.index))
     return RerankResult(ranked, tokens)
+
+
+def _query_name(i: int) -> tuple[str, str]:
+    return ("query", "query")
+
+
+async def _fit_query(entry: ModelEntry, query: str, truncate: bool) -> str:
+    """The query before a cross-encoder pairs it with every document: refused when over the
+    model's limit and truncation is off; else cut a few tokens past the limit (the model
+    truncates the pair itself, and keeps the same start), so a huge query costs once, not
+    once per document."""
+    counter = entry.counter
+    if counter is None or entry.max_length is None:
+        return query
+    if truncate and not counter.needs_cutting([query]):
+        return query
+    _, (fitted,) = await counter.prepare([query], truncate=truncate, names=_query_name)
+    return fitted
 
 
 async def _cut_documents(entry: ModelEntry, query: str, docs: list[str]) -> list[str]:

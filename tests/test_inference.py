@@ -287,3 +287,55 @@ async def test_huge_texts_reach_the_engine_cut_but_the_model_keeps_the_same_toke
     assert max(len(c) for c in prepared) < 50 * counter.cut_chars
     assert tokens == sum(min(len(model_tok.encode(t).ids), 16) for t in texts)
     assert counter.full_length("word " * 100_000) == 100_002  # counted in pieces
+
+
+class FakeCrossEncoder:
+    """Scores a pair by the document's length; records the query it was handed."""
+
+    is_running = True
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    async def rerank(self, *, query: str, docs: list[str]) -> tuple[list[Any], int]:
+        from types import SimpleNamespace
+
+        self.queries.append(query)
+        results = [
+            SimpleNamespace(index=i, relevance_score=1 / (1 + len(d))) for i, d in enumerate(docs)
+        ]
+        return results, 0
+
+
+async def test_a_huge_query_is_cut_once_before_it_meets_the_documents(
+    counter: TokenCounter,
+) -> None:
+    """The query reaches the cross-encoder cut a few tokens past the model's limit (the
+    model truncates the pair itself); truncation off, it is a 400 naming `query`, before the
+    engine sees anything."""
+    engine = FakeCrossEncoder()
+    huge = "word " * 200_000  # 1 MB
+    entry = ModelEntry(
+        config=ModelConfig(model="org/ce", name="ce"),
+        engine=engine,
+        capabilities=frozenset({"rerank"}),
+        counter=counter,
+        max_length=16,
+    )
+    result = await scoring.rerank_texts(entry, huge, ["a", "bb"] * 50, SETTINGS)
+    assert [r.index for r in result.ranked[:2]] == [0, 2]
+    (sent,) = engine.queries
+    assert huge.startswith(sent) and len(sent) < 1000
+    assert await counter.lengths([sent]) > 16  # still past the limit: the model cuts the rest
+
+    strict = ModelEntry(
+        config=ModelConfig(model="org/ce", name="ce", truncate=False),
+        engine=engine,
+        capabilities=frozenset({"rerank"}),
+        counter=counter,
+        max_length=16,
+    )
+    with pytest.raises(BadRequest) as info:
+        await scoring.rerank_texts(strict, huge, ["a"], SETTINGS)
+    assert info.value.param == "query" and info.value.message.startswith("query: ")
+    assert len(engine.queries) == 1  # the refused request never reached the engine
