@@ -294,13 +294,19 @@ class FastPathMiddleware:
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
+        response: Response | None
         try:
             try:
-                await request.body()  # read fully first: then receive() only reports disconnect
+                if scope["path"] in UPLOAD_PATHS:
+                    # A file upload streams to disk as it arrives (batch/upload.py), never
+                    # held whole in memory; its own reads of the body see a disconnect.
+                    response = await endpoint(request)
+                else:
+                    # Read fully first: then receive() only reports a disconnect.
+                    await request.body()
+                    response = await self._until_disconnect(endpoint, request)
             except ClientDisconnect:  # gone while uploading: nothing to answer
                 response = None
-            else:
-                response = await self._until_disconnect(endpoint, request)
         except APIError as exc:
             response = api_error_response(exc, family_for(scope))
         except RequestValidationError as exc:

@@ -105,3 +105,25 @@ async def test_a_min_weight_beyond_any_float_is_a_400(client: httpx.AsyncClient)
         # OverflowError on 10**400: a 500)
         error = r.json()["error"]
         assert (error["param"], error["code"]) == ("min_weight", "invalid_value")
+
+
+@pytest.mark.parametrize(
+    ("metadata", "why"),
+    [
+        ({f"k{i}": "v" for i in range(17)}, "at most 16 pairs"),
+        ({"k" * 65: "v"}, "longer than 64"),
+        ({"k": "v" * 513}, "longer than 512"),
+    ],
+)
+async def test_batch_metadata_has_openais_limits(
+    client: httpx.AsyncClient, metadata: dict[str, str], why: str
+) -> None:
+    body = {
+        "input_file_id": "file-x",
+        "endpoint": "/v1/embeddings",
+        "completion_window": "24h",
+        "metadata": metadata,
+    }
+    r = await client.post("/v1/batches", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "metadata" and why in r.json()["error"]["message"]

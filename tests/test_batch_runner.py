@@ -346,3 +346,131 @@ async def test_refused_lines_are_sent_again_without_their_finished_neighbours(
     ]
     assert sent.count("text 1") == 3 and sent.count("text 0") == 1
     store.close()
+
+
+async def test_an_output_file_shorter_than_committed_fails_the_batch_never_padded(
+    tmp_path: Path,
+) -> None:
+    store, batch_id = job(tmp_path)
+    stopping = False
+
+    async def dispatch(url: str, body: bytes) -> tuple[int, bytes, str]:
+        nonlocal stopping
+        stopping = True
+        return await echo(url, body)
+
+    await Runner(lambda: store, dispatch, Gate(stopping=lambda: stopping), 100).run(batch_id)
+    out = store.batch_dir(batch_id) / "output.jsonl"
+    committed = store.progress(batch_id).output_bytes
+    assert committed > 0 and out.stat().st_size == committed
+    with out.open("r+b") as f:  # the disk lost the tail of what was committed
+        f.truncate(committed - 10)
+    await Runner(lambda: store, echo, Gate(), max_requests=100).run(batch_id)
+    obj = store.batch(batch_id)
+    assert obj is not None and obj["status"] == "failed"
+    assert obj["errors"]["data"][0]["code"] == "data_lost"
+    assert b"\0" not in out.read_bytes()  # never zero-padded
+    store.close()
+
+
+async def test_each_wave_commits_its_counts_without_rewriting_the_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per wave only the counts and the progress change in the database; the batch object
+    (metadata and all) is written when its status changes."""
+    store, batch_id = job(tmp_path)
+    saves: list[str] = []
+    real_save = store.save
+
+    def save(obj: dict[str, Any], progress: Any = None) -> None:
+        saves.append(obj["status"])
+        real_save(obj, progress)
+
+    monkeypatch.setattr(store, "save", save)
+    await Runner(lambda: store, echo, Gate(), max_requests=100).run(batch_id)
+    assert saves == ["in_progress", "completed"]  # LINES / CHUNK = 3 waves, no save each
+    obj = store.batch(batch_id)
+    assert obj is not None
+    assert obj["request_counts"] == {"total": LINES, "completed": LINES, "failed": 0}
+    store.close()
+
+
+def test_deleting_a_batch_output_file_frees_its_bytes(tmp_path: Path) -> None:
+    store, batch_id = job(tmp_path)
+    asyncio.run(Runner(lambda: store, echo, Gate(), max_requests=100).run(batch_id))
+    obj = store.batch(batch_id)
+    assert obj is not None
+    path = store.file_path(obj["output_file_id"])
+    assert path is not None and path.stat().st_size > 0
+    assert store.delete_file(obj["output_file_id"])
+    assert not path.exists()
+    store.close()
+
+
+def test_a_database_from_before_versioning_is_migrated(tmp_path: Path) -> None:
+    import json
+    import sqlite3
+
+    from openai_compat.batch import store as store_module
+
+    root = tmp_path / "data"
+    root.mkdir()
+    db = sqlite3.connect(root / "batch.sqlite3")
+    db.executescript(store_module.MIGRATIONS[0])  # the first layout, user_version 0
+    counts = {"total": 5, "completed": 3, "failed": 1}
+    db.execute(
+        "INSERT INTO batches (id, status, obj) VALUES (?, ?, ?)",
+        ("batch_old", "completed", json.dumps({"id": "batch_old", "request_counts": counts})),
+    )
+    db.commit()
+    db.close()
+    store = Store(root)
+    obj = store.batch("batch_old")
+    assert obj is not None and obj["request_counts"] == counts  # backfilled into columns
+    (version,) = store._db.execute("PRAGMA user_version").fetchone()
+    assert version == store_module.SCHEMA_VERSION
+    store.close()
+    newer = sqlite3.connect(root / "batch.sqlite3")
+    newer.execute(f"PRAGMA user_version = {store_module.SCHEMA_VERSION + 1}")
+    newer.commit()
+    newer.close()
+    with pytest.raises(store_module.StoreBusy, match="newer openai-compat"):
+        Store(root)
+
+
+def test_an_upload_is_durable_before_the_database_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its bytes fsynced, then its name (the folder), then the row committed: after a power
+    cut the database never lists a file the disk does not have."""
+    from contextlib import contextmanager
+
+    from openai_compat.batch import store as store_module
+
+    store = Store(tmp_path / "data")
+    events: list[str] = []
+    real_fsync, real_dir, real_tx = store_module.os.fsync, store_module.fsync_dir, store._tx
+    monkeypatch.setattr(
+        store_module.os, "fsync", lambda fd: (events.append("fsync file"), real_fsync(fd))
+    )
+
+    def fsync_dir(folder: Path) -> None:
+        events.append(f"fsync {folder.name}/")
+        with monkeypatch.context() as m:
+            m.setattr(store_module.os, "fsync", real_fsync)
+            real_dir(folder)
+
+    monkeypatch.setattr(store_module, "fsync_dir", fsync_dir)
+
+    @contextmanager
+    def tx() -> Any:
+        with real_tx() as db:
+            yield db
+        events.append("commit")
+
+    monkeypatch.setattr(store, "_tx", tx)
+    source = tmp_path / "upload.jsonl"
+    source.write_bytes(b"{}\n")
+    store.add_file(source, purpose="batch", filename="upload.jsonl")
+    assert events == ["fsync file", "fsync files/", "commit"]
+    store.close()

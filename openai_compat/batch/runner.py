@@ -35,7 +35,7 @@ from openai_compat.batch.lines import (
     run_line,
     scan,
 )
-from openai_compat.batch.store import OPEN_STATUSES, Progress, Store
+from openai_compat.batch.store import OPEN_STATUSES, Progress, Store, fsync_dir
 
 logger = logging.getLogger("openai_compat.batch")
 
@@ -93,21 +93,23 @@ class Runner:
     async def serve(self) -> None:
         """Run open batches, oldest first, for as long as the server lives."""
         while not self.gate.stopping():
-            for obj in self.store.open_batches():
+            for obj in await asyncio.to_thread(self.store.open_batches):
                 if self.gate.stopping():
                     return
                 try:
                     await self.run(obj["id"])
                 except Exception:  # one broken job must not stop the others
                     logger.exception("batch %s failed", obj["id"])
-                    self._fail(obj["id"], "server_error", "The batch failed on the server.")
+                    await asyncio.to_thread(
+                        self._fail, obj["id"], "server_error", "The batch failed on the server."
+                    )
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=1.0)
 
     def _fail(self, batch_id: str, code: str, message: str) -> None:
         """Close a batch as failed; the lines it finished stay reachable (its output and
-        error files as last committed)."""
+        error files as last committed). Blocking (the store): run it in a thread."""
         obj = self.store.batch(batch_id)
         if obj is None or obj["status"] not in OPEN_STATUSES:
             return
@@ -119,42 +121,42 @@ class Runner:
         self.store.save(obj)
 
     async def run(self, batch_id: str) -> None:
-        """Take one batch as far as it goes: to a final status, or until the server stops."""
-        obj = self.store.batch(batch_id)
+        """Take one batch as far as it goes: to a final status, or until the server stops.
+        Every store call runs in a thread: a commit waits for the disk (fsync)."""
+        store = self.store
+        obj = await asyncio.to_thread(store.batch, batch_id)
         if obj is None:
             return
-        input_path = self.store.file_path(obj["input_file_id"])
+        input_path = await asyncio.to_thread(store.file_path, obj["input_file_id"])
         if obj["status"] == "validating":
             if input_path is None or not input_path.exists():
-                return self._fail(batch_id, "file_not_found", "The input file was deleted.")
+                message = "The input file was deleted."
+                return await asyncio.to_thread(self._fail, batch_id, "file_not_found", message)
             total, duplicates = await asyncio.to_thread(scan, input_path, self.max_requests)
             if total > self.max_requests:
-                return self._fail(
-                    batch_id,
-                    "too_many_requests",
-                    f"The input file has more than {self.max_requests} requests.",
-                )
+                message = f"The input file has more than {self.max_requests} requests."
+                return await asyncio.to_thread(self._fail, batch_id, "too_many_requests", message)
             obj["status"], obj["in_progress_at"] = "in_progress", int(time.time())
             obj["request_counts"]["total"] = total
-            self.store.save(obj, Progress(duplicates=duplicates))
-            obj = self.store.batch(batch_id) or obj
+            await asyncio.to_thread(store.save, obj, Progress(duplicates=duplicates))
+            obj = await asyncio.to_thread(store.batch, batch_id) or obj
         if obj["status"] in ("in_progress", "cancelling") and input_path is not None:
-            finished = await self._lines(obj, input_path)
+            try:
+                finished = await self._lines(obj, input_path)
+            except DataLost as exc:
+                return await asyncio.to_thread(self._fail, batch_id, "data_lost", str(exc))
             if not finished:
                 return  # the server is stopping: resumed from the last commit next time
-            obj = self.store.batch(batch_id) or obj
+            obj = await asyncio.to_thread(store.batch, batch_id) or obj
         if obj["status"] in ("in_progress", "cancelling", "finalizing"):
-            self._finalize(obj)
+            await asyncio.to_thread(self._finalize, obj)
 
     async def _lines(self, obj: dict[str, Any], input_path: Path) -> bool:
         batch_id = obj["id"]
-        progress = self.store.progress(batch_id)
+        progress = await asyncio.to_thread(self.store.progress, batch_id)
         folder = self.store.batch_dir(batch_id)
-        folder.mkdir(parents=True, exist_ok=True)
         out_path, err_path = folder / "output.jsonl", folder / "errors.jsonl"
-        for path, size in ((out_path, progress.output_bytes), (err_path, progress.error_bytes)):
-            with path.open("ab") as f:
-                f.truncate(size)  # anything written after the last commit is done again
+        await asyncio.to_thread(_reopen, folder, (out_path, err_path), progress)
         counts = obj["request_counts"]
         committed_line = await asyncio.to_thread(count_lines, input_path, progress.input_offset)
         with input_path.open("rb") as inp, out_path.open("ab") as out, err_path.open("ab") as err:
@@ -163,8 +165,8 @@ class Runner:
             dups = progress.duplicates
             wave: _Wave | None = None  # sent, its results not written yet
             try:
+                status = await asyncio.to_thread(self.store.status, batch_id)
                 while True:
-                    status = self.store.status(batch_id)
                     if status == "cancelling":
                         obj["status"] = "cancelling"
                         return True
@@ -207,9 +209,14 @@ class Runner:
                         err.tell(),
                         dups,
                     )
-                    self.store.save(obj, progress)
+                    status = await asyncio.to_thread(
+                        self.store.commit_wave,
+                        batch_id,
+                        counts["completed"],
+                        counts["failed"],
+                        progress,
+                    )
                     committed_line = done.physical
-                    obj["status"] = self.store.status(batch_id) or obj["status"]
             finally:
                 if wave is not None:  # sent ahead, never written: done again on resume
                     wave.task.cancel()
@@ -273,7 +280,8 @@ class Runner:
 
     def _finalize(self, obj: dict[str, Any]) -> None:
         """Register the output and error files and close the batch. Idempotent: the files'
-        ids come from the batch's, so a crash in here is simply done again."""
+        ids come from the batch's, so a crash in here is simply done again. Blocking (the
+        store): run it in a thread."""
         batch_id = obj["id"]
         now = int(time.time())
         cancelled = obj["status"] == "cancelling" or self.store.status(batch_id) == "cancelling"
@@ -318,6 +326,29 @@ class Runner:
                 file_id=f"file-{suffix}e",
                 move=False,
             )["id"]
+
+
+class DataLost(RuntimeError):
+    """An output file is shorter than its committed size: the data dir lost what a commit
+    said was on disk. The batch fails; nothing is padded or made up."""
+
+
+def _reopen(folder: Path, paths: tuple[Path, Path], progress: Progress) -> None:
+    """The batch's output and error files at their committed sizes: what was written after
+    the last commit is cut (done again); a file shorter than committed is DataLost."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path, size in zip(paths, (progress.output_bytes, progress.error_bytes), strict=True):
+        with path.open("ab") as f:
+            have = f.tell()
+            if have < size:
+                raise DataLost(
+                    f"{path.name} holds {have} bytes but {size} were committed: the data dir "
+                    "lost data (restored from an old backup, or a disk without fsync?)."
+                )
+            if have > size:
+                f.truncate(size)
+                os.fsync(f.fileno())
+    fsync_dir(folder)  # the files' names are as durable as their contents
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -12,7 +13,7 @@ import httpx
 from openai_compat.batch.runner import Gate, Runner
 from openai_compat.batch.store import Store, StoreBusy, new_id
 from openai_compat.engine.feeder import background
-from openai_compat.errors import ServiceUnavailable
+from openai_compat.errors import RateLimited, ServiceUnavailable
 from openai_compat.lifecycle import Lifecycle
 from openai_compat.registry import Registry
 from openai_compat.settings import Settings
@@ -21,6 +22,8 @@ logger = logging.getLogger("openai_compat.batch")
 
 # Lines wait this long at most for their response (a line is one API request).
 LINE_TIMEOUT = 600.0
+# Uploads streamed to disk at once; more get 429 (each holds a file open and a disk stream).
+MAX_UPLOADS = 4
 
 
 class BatchService:
@@ -31,6 +34,7 @@ class BatchService:
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._registry: Registry | None = None
+        self._uploads = 0
         self.runner = Runner(
             self._lazy_store,
             self._dispatch,
@@ -119,6 +123,20 @@ class BatchService:
                 url, content=body, headers={"Content-Type": "application/json"}
             )
         return resp.status_code, resp.content, resp.headers.get("x-request-id", "")
+
+    @contextlib.asynccontextmanager
+    async def upload_slot(self) -> AsyncIterator[None]:
+        """One of MAX_UPLOADS upload slots, or 429 at once when all are taken."""
+        if self._uploads >= MAX_UPLOADS:
+            raise RateLimited(
+                f"{MAX_UPLOADS} uploads are in progress; retry shortly.",
+                headers={"Retry-After": "1"},
+            )
+        self._uploads += 1
+        try:
+            yield
+        finally:
+            self._uploads -= 1
 
     def submit(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Store a new batch (from batch_object) and wake the runner for it."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import shutil
 import sqlite3
 import threading
@@ -30,7 +31,10 @@ from typing import Any
 
 OPEN_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 
-_SCHEMA = """
+# Schema versions, applied in order to a database whose PRAGMA user_version is lower, each in
+# its own transaction. Version 1 is the first layout (databases from before versioning have
+# user_version 0 and its tables already: IF NOT EXISTS makes it a no-op for them).
+_V1 = """
 CREATE TABLE IF NOT EXISTS files (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT UNIQUE NOT NULL,
@@ -52,6 +56,19 @@ CREATE TABLE IF NOT EXISTS batches (
     duplicates TEXT NOT NULL DEFAULT '[]'
 );
 """
+# Version 2: request counts in columns (each wave updates them and its progress, not the whole
+# batch object), and an owner per file and batch (a hash of the API key that made it).
+_V2 = """
+ALTER TABLE batches ADD COLUMN completed INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE batches ADD COLUMN failed INTEGER NOT NULL DEFAULT 0;
+UPDATE batches SET
+    completed = COALESCE(json_extract(obj, '$.request_counts.completed'), 0),
+    failed = COALESCE(json_extract(obj, '$.request_counts.failed'), 0);
+ALTER TABLE batches ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE files ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+"""
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+SCHEMA_VERSION = len(MIGRATIONS)
 
 
 @dataclass
@@ -93,7 +110,23 @@ class Store:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring the database to SCHEMA_VERSION, one version per transaction; a database
+        from a newer release is refused rather than misread."""
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise StoreBusy(
+                f"the data dir {self.root} was written by a newer openai-compat (schema "
+                f"{version}, this one knows {SCHEMA_VERSION})"
+            )
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            statements = [s.strip() for s in script.split(";") if s.strip()]
+            with self._db:  # one transaction: all of a version, or none of it
+                for statement in statements:
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {number}")
 
     def close(self) -> None:
         with self._lock:
@@ -121,8 +154,12 @@ class Store:
         file_id = file_id or new_id("file-")
         path = source
         if move:
+            # durable before the database says it exists: its bytes, then its name
+            with source.open("rb") as f:
+                os.fsync(f.fileno())
             path = self.root / "files" / file_id
             shutil.move(str(source), path)
+            fsync_dir(path.parent)
         size = path.stat().st_size
         with self._tx() as db:
             db.execute(
@@ -155,7 +192,7 @@ class Store:
             return False
         with self._tx() as db:
             db.execute("DELETE FROM files WHERE id = ?", (file_id,))
-        if path.parent == self.root / "files":
+        if path.is_relative_to(self.root):  # an upload, or a batch's output or error file
             path.unlink(missing_ok=True)
         return True
 
@@ -181,19 +218,23 @@ class Store:
 
     def batch(self, batch_id: str) -> dict[str, Any] | None:
         with self._lock:
-            row = self._db.execute("SELECT obj FROM batches WHERE id = ?", (batch_id,)).fetchone()
-        return json.loads(row["obj"]) if row else None
+            row = self._db.execute(
+                "SELECT obj, completed, failed FROM batches WHERE id = ?", (batch_id,)
+            ).fetchone()
+        return _batch_object(row) if row else None
 
     def batches(self, *, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
-        return self._page("batches", after, limit, "desc", None, lambda r: json.loads(r["obj"]))
+        return self._page("batches", after, limit, "desc", None, _batch_object)
 
     def open_batches(self) -> list[dict[str, Any]]:
         marks = ",".join("?" * len(OPEN_STATUSES))
         with self._lock:
             rows = self._db.execute(
-                f"SELECT obj FROM batches WHERE status IN ({marks}) ORDER BY seq", OPEN_STATUSES
+                f"SELECT obj, completed, failed FROM batches WHERE status IN ({marks}) "
+                "ORDER BY seq",
+                OPEN_STATUSES,
             ).fetchall()
-        return [json.loads(r["obj"]) for r in rows]
+        return [_batch_object(r) for r in rows]
 
     def progress(self, batch_id: str) -> Progress:
         with self._lock:
@@ -214,9 +255,10 @@ class Store:
             stored = json.loads(row["obj"])
             if stored["status"] == "cancelling" and obj["status"] == "in_progress":
                 obj["status"], obj["cancelling_at"] = "cancelling", stored["cancelling_at"]
+            counts = obj["request_counts"]
             db.execute(
-                "UPDATE batches SET status = ?, obj = ? WHERE id = ?",
-                (obj["status"], json.dumps(obj), obj["id"]),
+                "UPDATE batches SET status = ?, obj = ?, completed = ?, failed = ? WHERE id = ?",
+                (obj["status"], json.dumps(obj), counts["completed"], counts["failed"], obj["id"]),
             )
             if progress is not None:
                 db.execute(
@@ -232,14 +274,38 @@ class Store:
                     ),
                 )
 
+    def commit_wave(
+        self, batch_id: str, completed: int, failed: int, progress: Progress
+    ) -> str | None:
+        """A wave's outcome: the request counts and progress, nothing else of the batch (its
+        object is rewritten only when its status changes). Returns the status now."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE batches SET completed = ?, failed = ?, input_offset = ?, lines_read = ?, "
+                "output_bytes = ?, error_bytes = ? WHERE id = ?",
+                (
+                    completed,
+                    failed,
+                    progress.input_offset,
+                    progress.lines_read,
+                    progress.output_bytes,
+                    progress.error_bytes,
+                    batch_id,
+                ),
+            )
+            row = db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        return str(row["status"]) if row else None
+
     def cancel(self, batch_id: str) -> dict[str, Any] | None:
         """Ask an open batch to stop (the runner finishes it as cancelled); atomic against the
         runner's own saves, which keep a cancelling status."""
         with self._tx() as db:
-            row = db.execute("SELECT obj FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            row = db.execute(
+                "SELECT obj, completed, failed FROM batches WHERE id = ?", (batch_id,)
+            ).fetchone()
             if row is None:
                 return None
-            obj = json.loads(row["obj"])
+            obj = _batch_object(row)
             if obj["status"] in ("validating", "in_progress"):
                 obj["status"] = "cancelling"
                 obj["cancelling_at"] = int(time.time())
@@ -298,3 +364,20 @@ def _file_object(row: sqlite3.Row) -> dict[str, Any]:
         "status_details": None,
         "expires_at": None,
     }
+
+
+def _batch_object(row: sqlite3.Row) -> dict[str, Any]:
+    """The batch as the API shows it: its stored object with the counts of the last wave."""
+    obj: dict[str, Any] = json.loads(row["obj"])
+    obj["request_counts"]["completed"] = row["completed"]
+    obj["request_counts"]["failed"] = row["failed"]
+    return obj
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a folder's entries (files created, renamed, removed in it) durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
