@@ -66,6 +66,12 @@ class PayloadTooLarge(APIError):
     default_code = "payload_too_large"
 
 
+class InsufficientStorage(APIError):
+    status = 507
+    type = "server_error"
+    default_code = "insufficient_storage"
+
+
 class RateLimited(APIError):
     status = 429
     type = "rate_limit_error"

@@ -278,6 +278,18 @@ class Settings(BaseModel):
     batch_max_requests: int = _opt(
         50_000, "Most request lines in one batch input file (OpenAI's limit).", ge=1
     )
+    batch_max_data_bytes: int = _opt(
+        0,
+        "Most bytes the data dir may hold (uploads and batch output together); a batch that "
+        "would pass it fails with what it wrote so far, an upload gets 413. 0: no quota.",
+        ge=0,
+    )
+    batch_min_free_bytes: int = _opt(
+        512 * 1024 * 1024,
+        "Free disk the Files and Batch APIs always leave on the data dir's filesystem: a "
+        "batch that would eat into it fails with what it wrote so far, an upload gets 507.",
+        ge=0,
+    )
     batch_max_file_bytes: int = _opt(
         200 * 1024 * 1024, "Largest file POST /v1/files takes, in bytes (OpenAI's limit).", ge=1
     )

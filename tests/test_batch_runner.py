@@ -474,3 +474,33 @@ def test_an_upload_is_durable_before_the_database_names_it(
     store.add_file(source, purpose="batch", filename="upload.jsonl")
     assert events == ["fsync file", "fsync files/", "commit"]
     store.close()
+
+
+async def test_a_batch_that_would_pass_the_quota_fails_keeping_what_it_wrote(
+    tmp_path: Path,
+) -> None:
+    store, batch_id = job(tmp_path)
+    store.max_bytes = store.used_bytes() + 450  # the input file and one wave (2 x ~170 bytes)
+    await Runner(lambda: store, echo, Gate(), max_requests=100).run(batch_id)
+    obj = store.batch(batch_id)
+    assert obj is not None and obj["status"] == "failed", obj
+    error = obj["errors"]["data"][0]
+    assert error["code"] == "quota_exceeded" and "batch_max_data_bytes" in error["message"]
+    path = store.file_path(obj["output_file_id"])
+    assert path is not None
+    kept = [orjson.loads(line)["custom_id"] for line in path.read_bytes().splitlines()]
+    assert kept == ["c0", "c1"]  # the first wave; the second would not fit
+    assert store.used_bytes() <= store.max_bytes
+    store.close()
+
+
+def test_the_free_disk_floor_refuses_writes(tmp_path: Path) -> None:
+    import shutil
+
+    store = Store(tmp_path / "data", min_free=0)
+    assert store.room(1000) is None
+    store.min_free = shutil.disk_usage(tmp_path).free  # nothing more may be written
+    refused = store.room(1)
+    assert refused is not None and refused[0] == "disk"
+    assert "batch_min_free_bytes" in refused[1]
+    store.close()

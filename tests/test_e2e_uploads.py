@@ -165,3 +165,18 @@ def test_abandoned_uploads_leave_nothing_and_uploads_are_capped(
         srv.base_url + "/files", files={"file": ("a.jsonl", b"{}\n")}, data={"purpose": "batch"}
     )
     assert again.status_code == 200, again.text
+
+
+def test_an_upload_the_disk_cannot_take_is_a_507(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    floor = str(10**18)  # more free disk to keep than any disk has
+    args = ["--data-dir", str(data), "--batch-min-free-bytes", floor]
+    with server_with(tmp_path, DEBUG, args) as srv:
+        r = httpx.post(
+            srv.base_url + "/files",
+            files={"file": ("a.jsonl", b"{}\n")},
+            data={"purpose": "batch"},
+        )
+        assert r.status_code == 507, r.text
+        assert "batch_min_free_bytes" in r.json()["error"]["message"]
+        assert _leftovers(data) == []

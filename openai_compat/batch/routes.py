@@ -108,7 +108,7 @@ async def create_file(request: Request) -> Response:
         raise BadRequest("Upload the file as multipart/form-data with 'file' and 'purpose'.")
     async with service.upload_slot():
         store = await _store(request)
-        upload = await receive_upload(request, store.root / "files", limit)
+        upload = await receive_upload(request, store, limit)
         try:
             purpose = upload.fields.get("purpose")
             if purpose != "batch":

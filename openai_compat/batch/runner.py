@@ -145,6 +145,9 @@ class Runner:
                 finished = await self._lines(obj, input_path)
             except DataLost as exc:
                 return await asyncio.to_thread(self._fail, batch_id, "data_lost", str(exc))
+            except NoRoom as exc:
+                message = f"The batch stopped: {exc}. Its output so far is kept."
+                return await asyncio.to_thread(self._fail, batch_id, "quota_exceeded", message)
             if not finished:
                 return  # the server is stopping: resumed from the last commit next time
             obj = await asyncio.to_thread(store.batch, batch_id) or obj
@@ -196,9 +199,14 @@ class Runner:
                         wave = self._send(inp, obj["endpoint"], next_first, next_line, dups, False)
                         if wave is not None:
                             next_line = wave.physical
-                    for r in results:
-                        (out if r.ok else err).write(r.encoded() + b"\n")
-                        counts["completed" if r.ok else "failed"] += 1
+                    records = [(r.ok, r.encoded() + b"\n") for r in results]
+                    adding = sum(len(record) for _, record in records)
+                    refused = await asyncio.to_thread(self.store.room, adding)
+                    if refused is not None:
+                        raise NoRoom(refused[1])
+                    for ok, record in records:
+                        (out if ok else err).write(record)
+                        counts["completed" if ok else "failed"] += 1
                     out.flush()
                     err.flush()
                     await asyncio.to_thread(_fsync_both, out, err)
@@ -326,6 +334,11 @@ class Runner:
                 file_id=f"file-{suffix}e",
                 move=False,
             )["id"]
+
+
+class NoRoom(RuntimeError):
+    """The data dir's quota or free-disk floor would be passed: the batch fails with what it
+    committed so far."""
 
 
 class DataLost(RuntimeError):

@@ -47,7 +47,11 @@ class BatchService:
         """Opened on first use (a server that never sees the Batch API creates nothing)."""
         if self._store is None:
             try:
-                self._store = Store(self.settings.data())
+                self._store = Store(
+                    self.settings.data(),
+                    max_bytes=self.settings.batch_max_data_bytes,
+                    min_free=self.settings.batch_min_free_bytes,
+                )
             except StoreBusy as exc:
                 raise ServiceUnavailable(str(exc), code="data_dir_in_use") from exc
         return self._store

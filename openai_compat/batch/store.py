@@ -91,8 +91,12 @@ class StoreBusy(RuntimeError):
 
 
 class Store:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, max_bytes: int = 0, min_free: int = 0) -> None:
+        """`max_bytes`: what the data dir may hold (0: no quota); `min_free`: free disk
+        always left on its filesystem (see room())."""
         self.root = root
+        self.max_bytes = max_bytes
+        self.min_free = min_free
         (root / "files").mkdir(parents=True, exist_ok=True)
         (root / "batches").mkdir(parents=True, exist_ok=True)
         # One process per data dir, held for the process's life (released when it dies).
@@ -201,6 +205,39 @@ class Store:
         for batch in self.open_batches():
             if batch["input_file_id"] == file_id:
                 return str(batch["id"])
+        return None
+
+    # ------------------------------------------------------------ disk
+
+    def used_bytes(self) -> int:
+        """Bytes the data dir holds: every file (uploads, finished batches' output), and the
+        output written so far by batches still open."""
+        marks = ",".join("?" * len(OPEN_STATUSES))
+        with self._lock:
+            (files,) = self._db.execute("SELECT COALESCE(SUM(bytes), 0) FROM files").fetchone()
+            (running,) = self._db.execute(
+                "SELECT COALESCE(SUM(output_bytes + error_bytes), 0) FROM batches "
+                f"WHERE status IN ({marks})",
+                OPEN_STATUSES,
+            ).fetchone()
+        return int(files) + int(running)
+
+    def room(self, adding: int) -> tuple[str, str] | None:
+        """Why `adding` more bytes may not be written, as ("quota" | "disk", message); None:
+        they may."""
+        if self.max_bytes:
+            used = self.used_bytes()
+            if used + adding > self.max_bytes:
+                return "quota", (
+                    f"the data dir would hold {used + adding} bytes, more than its quota of "
+                    f"{self.max_bytes} (batch_max_data_bytes)"
+                )
+        free = shutil.disk_usage(self.root).free
+        if free - adding < self.min_free:
+            return "disk", (
+                f"the data dir's disk would have {max(0, free - adding)} bytes free, less than "
+                f"the {self.min_free} it must keep (batch_min_free_bytes)"
+            )
         return None
 
     # ------------------------------------------------------------ batches

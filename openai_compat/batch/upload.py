@@ -20,7 +20,8 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
-from openai_compat.errors import BadRequest, PayloadTooLarge
+from openai_compat.batch.store import Store
+from openai_compat.errors import BadRequest, InsufficientStorage, PayloadTooLarge
 
 FLUSH_BYTES = 1024 * 1024  # file bytes buffered before a write (in a worker thread)
 MAX_FIELD_BYTES = 1024  # a non-file field (purpose) is a short string
@@ -144,8 +145,10 @@ class _Receiver:
         os.close(self.fd)
 
 
-async def receive_upload(request: Request, folder: Path, limit: int) -> Upload:
-    """The multipart body of `request` with its one file streamed into `folder`."""
+async def receive_upload(request: Request, store: Store, limit: int) -> Upload:
+    """The multipart body of `request` with its one file streamed into the store's files
+    folder; the data dir's quota and free-disk floor are checked as it grows."""
+    folder = store.root / "files"
     _, params = parse_options_header(request.headers.get("content-type", ""))
     boundary = params.get(b"boundary")
     if not boundary:
@@ -157,7 +160,7 @@ async def receive_upload(request: Request, folder: Path, limit: int) -> Upload:
             async for chunk in request.stream():
                 parser.write(chunk)
                 if len(receiver.pending) >= FLUSH_BYTES:
-                    await asyncio.to_thread(receiver.write_pending)
+                    await asyncio.to_thread(_flush, receiver, store)
             parser.finalize()
         except FormParserError as exc:
             raise BadRequest(f"The multipart body could not be read: {exc}", param="file") from exc
@@ -165,6 +168,7 @@ async def receive_upload(request: Request, folder: Path, limit: int) -> Upload:
             raise BadRequest("The multipart body ended before its closing boundary.", param="file")
         if receiver.filename is None:
             raise BadRequest("'file' is missing (a file part of the form).", param="file")
+        await asyncio.to_thread(_flush, receiver, store)
         await asyncio.to_thread(receiver.finish)
     except BaseException:  # a limit, a bad body, the client gone, cancellation: no leftovers
         await asyncio.to_thread(_discard, receiver)
@@ -172,6 +176,16 @@ async def receive_upload(request: Request, folder: Path, limit: int) -> Upload:
     receiver.close()
     name = Path(receiver.filename).name or "upload.jsonl"
     return Upload(receiver.path, name, receiver.fields, receiver.size)
+
+
+def _flush(receiver: _Receiver, store: Store) -> None:
+    """Blocking: the buffered bytes to disk, if the data dir has room for them."""
+    refused = store.room(len(receiver.pending))
+    if refused is not None:
+        kind, why = refused
+        error = PayloadTooLarge if kind == "quota" else InsufficientStorage
+        raise error(f"The file does not fit: {why}.", param="file")
+    receiver.write_pending()
 
 
 def _discard(receiver: _Receiver) -> None:
