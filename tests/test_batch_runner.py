@@ -411,12 +411,13 @@ def test_a_database_from_before_versioning_is_migrated(tmp_path: Path) -> None:
     import json
     import sqlite3
 
+    from openai_compat.batch import schema as schema_module
     from openai_compat.batch import store as store_module
 
     root = tmp_path / "data"
     root.mkdir()
     db = sqlite3.connect(root / "batch.sqlite3")
-    db.executescript(store_module.MIGRATIONS[0])  # the first layout, user_version 0
+    db.executescript(schema_module.MIGRATIONS[0])  # the first layout, user_version 0
     counts = {"total": 5, "completed": 3, "failed": 1}
     db.execute(
         "INSERT INTO batches (id, status, obj) VALUES (?, ?, ?)",
@@ -428,10 +429,10 @@ def test_a_database_from_before_versioning_is_migrated(tmp_path: Path) -> None:
     obj = store.batch("batch_old")
     assert obj is not None and obj["request_counts"] == counts  # backfilled into columns
     (version,) = store._db.execute("PRAGMA user_version").fetchone()
-    assert version == store_module.SCHEMA_VERSION
+    assert version == schema_module.SCHEMA_VERSION
     store.close()
     newer = sqlite3.connect(root / "batch.sqlite3")
-    newer.execute(f"PRAGMA user_version = {store_module.SCHEMA_VERSION + 1}")
+    newer.execute(f"PRAGMA user_version = {schema_module.SCHEMA_VERSION + 1}")
     newer.commit()
     newer.close()
     with pytest.raises(store_module.StoreBusy, match="newer openai-compat"):
@@ -504,3 +505,70 @@ def test_the_free_disk_floor_refuses_writes(tmp_path: Path) -> None:
     assert refused is not None and refused[0] == "disk"
     assert "batch_min_free_bytes" in refused[1]
     store.close()
+
+
+class Clock:
+    """time.time() as the runner sees it: the real one, plus what a test adds."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+        self.real = time.time  # before the patch: runner_module.time is the time module
+
+    def __call__(self) -> float:
+        return self.real() + self.offset
+
+
+async def test_an_expired_batch_writes_a_batch_expired_record_per_line_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, batch_id = job(tmp_path)
+    clock = Clock()
+    monkeypatch.setattr(runner_module.time, "time", clock)
+
+    async def dispatch(url: str, body: bytes) -> tuple[int, bytes, str]:
+        clock.offset = 25 * 3600  # the completion window ends while the first wave runs
+        return await echo(url, body)
+
+    gate = Gate(live=lambda: 1)  # no wave sent ahead: the first wave is all that runs
+    monkeypatch.setattr(runner_module, "MAX_YIELD", 0.0)
+    await Runner(lambda: store, dispatch, gate, max_requests=100).run(batch_id)
+    obj = store.batch(batch_id)
+    assert obj is not None and obj["status"] == "expired" and obj["expired_at"] is not None
+    assert [r["custom_id"] for r in output_of(store, obj)] == ["c0"]
+    expired = errors(store, batch_id)
+    assert [e["custom_id"] for e in expired] == [f"c{i}" for i in range(1, LINES)]
+    assert {e["error"]["code"] for e in expired} == {"batch_expired"}
+    assert [e["error"]["line"] for e in expired] == list(range(2, LINES + 1))
+    assert obj["request_counts"] == {"total": LINES, "completed": 1, "failed": LINES - 1}
+    store.close()
+
+
+async def test_a_local_cli_job_never_expires(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(tmp_path / "data")
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(embedding_line("a", {"model": "m", "input": "x"}) + b"\n")
+    file_id = store.add_file(source, purpose="batch", filename="in.jsonl")["id"]
+    obj = batch_object(
+        input_file_id=file_id,
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+        metadata=None,
+        now=int(time.time()),
+        expires=False,
+    )
+    assert obj["expires_at"] is None
+    store.add_batch(obj)
+    clock = Clock()
+    clock.offset = 30 * 24 * 3600  # resumed a month later
+    monkeypatch.setattr(runner_module.time, "time", clock)
+    await Runner(lambda: store, echo, Gate(), max_requests=100).run(obj["id"])
+    assert [r["custom_id"] for r in output(store, obj["id"])] == ["a"]
+    store.close()
+
+
+def output_of(store: Store, obj: dict[str, Any]) -> list[dict[str, Any]]:
+    path = store.file_path(obj["output_file_id"])
+    assert path is not None
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]

@@ -85,6 +85,7 @@ async def _run(settings: Settings, source: Path, output: Path, endpoint: str) ->
 def _job(service: Any, source: Path, endpoint: str) -> dict[str, Any]:
     """The pending job of this state folder, or a new one for `source`."""
     from openai_compat.batch.service import batch_object
+    from openai_compat.batch.store import OPEN_STATUSES
 
     store = service.store
     batches, _ = store.batches(after=None, limit=1)
@@ -96,6 +97,9 @@ def _job(service: Any, source: Path, endpoint: str) -> dict[str, Any]:
                 f"openai-compat batch: the pending job here reads {path} for "
                 f"{batch['endpoint']}; finish it, or remove {store.root} to start over"
             )
+        if batch["expires_at"] is not None and batch["status"] in OPEN_STATUSES:
+            batch["expires_at"] = None  # a job from before CLI jobs stopped expiring
+            store.save(batch)
         return batch
     store.add_file(source, purpose="batch", filename=source.name, file_id=INPUT_ID, move=False)
     created: dict[str, Any] = service.submit(
@@ -105,6 +109,7 @@ def _job(service: Any, source: Path, endpoint: str) -> dict[str, Any]:
             completion_window="24h",
             metadata=None,
             now=int(time.time()),
+            expires=False,  # a local job resumes whenever it is run again
         )
     )
     return created

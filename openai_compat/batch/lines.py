@@ -80,6 +80,16 @@ def _error(custom_id: Any, code: str, message: str, line: int | None = None) -> 
     )
 
 
+def expired_record(custom_id: Any, number: int | None = None) -> LineResult:
+    """The record of a line not run before its batch expired (OpenAI's wording and code)."""
+    return _error(
+        custom_id,
+        "batch_expired",
+        "This request could not be executed before the completion window expired.",
+        number,
+    )
+
+
 async def run_line(
     raw: bytes, endpoint: str, duplicate: bool, dispatch: Dispatch, number: int | None = None
 ) -> LineResult:
@@ -185,4 +195,23 @@ def count_lines(path: Path, end: int) -> int:
                 break
             n += chunk.count(b"\n")
             end -= len(chunk)
+    return n
+
+
+def expire_rest(inp: BinaryIO, err: BinaryIO, physical: int) -> int:
+    """Blocking: an error record for every line from inp's position on, as OpenAI writes for
+    a batch that expired (code batch_expired); how many."""
+    n = 0
+    for raw in inp:
+        physical += 1
+        if not raw.strip():
+            continue
+        try:
+            custom_id = orjson.loads(raw).get("custom_id")
+        except (ValueError, AttributeError):
+            custom_id = None
+        record = expired_record(custom_id, physical)
+        err.write(record.encoded() + b"\n")
+        n += 1
+    err.flush()
     return n

@@ -27,7 +27,6 @@ from openai_compat.protocol import ERROR_RESPONSES
 router = APIRouter(tags=["batch"])
 
 
-
 class NotFound(APIError):
     status = 404
     type = "invalid_request_error"

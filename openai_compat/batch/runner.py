@@ -31,6 +31,7 @@ from openai_compat.batch.lines import (
     LineResult,
     Retry,
     count_lines,
+    expire_rest,
     read_wave,
     run_line,
     scan,
@@ -173,8 +174,27 @@ class Runner:
                     if status == "cancelling":
                         obj["status"] = "cancelling"
                         return True
-                    if time.time() > obj["expires_at"]:
-                        return True  # _finalize closes it as expired, with what was done
+                    if obj["expires_at"] is not None and time.time() > obj["expires_at"]:
+                        # what was done stays; every line not run gets its error record
+                        inp.seek(progress.input_offset)
+                        expired = await asyncio.to_thread(expire_rest, inp, err, committed_line)
+                        counts["failed"] += expired
+                        await asyncio.to_thread(_fsync_both, out, err)
+                        progress = Progress(
+                            inp.tell(),
+                            progress.lines_read + expired,
+                            out.tell(),
+                            err.tell(),
+                            dups,
+                        )
+                        await asyncio.to_thread(
+                            self.store.commit_wave,
+                            batch_id,
+                            counts["completed"],
+                            counts["failed"],
+                            progress,
+                        )
+                        return True  # _finalize closes it as expired
                     if self.gate.stopping():
                         return False
                     if wave is None:
@@ -293,7 +313,7 @@ class Runner:
         batch_id = obj["id"]
         now = int(time.time())
         cancelled = obj["status"] == "cancelling" or self.store.status(batch_id) == "cancelling"
-        expired = not cancelled and now > obj["expires_at"]
+        expired = not cancelled and obj["expires_at"] is not None and now > obj["expires_at"]
         obj["finalizing_at"] = obj.get("finalizing_at") or now
         self._register_files(obj)
         if cancelled:

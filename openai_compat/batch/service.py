@@ -156,8 +156,10 @@ def batch_object(
     completion_window: str,
     metadata: dict[str, str] | None,
     now: int,
+    expires: bool = True,
 ) -> dict[str, Any]:
-    """A new batch as OpenAI's Batch API shows it, validating (the runner takes it on)."""
+    """A new batch as OpenAI's Batch API shows it, validating (the runner takes it on).
+    `expires`: false for the CLI's local jobs, which have no completion window."""
     return {
         "id": new_id("batch_"),
         "object": "batch",
@@ -170,7 +172,7 @@ def batch_object(
         "error_file_id": None,
         "created_at": now,
         "in_progress_at": None,
-        "expires_at": now + 24 * 3600,
+        "expires_at": now + 24 * 3600 if expires else None,
         "finalizing_at": None,
         "completed_at": None,
         "failed_at": None,
