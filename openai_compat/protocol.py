@@ -217,9 +217,20 @@ class HealthResponse(BaseModel):
     status: Literal["ok", "loading"]
 
 
+class BatchRunnerStatus(BaseModel):
+    state: Literal["idle", "running", "restarting", "waiting_for_data_dir"]
+    restarts: int
+    error: str | None = None
+
+
 class ReadyResponse(BaseModel):
     status: Literal["ready"] = "ready"
     models: list[str]
+    batch_runner: BatchRunnerStatus = Field(
+        description="Whether Batch API jobs are being run; 'restarting' after a crash (with "
+        "the error), 'waiting_for_data_dir' while another process holds the data dir. Live "
+        "traffic does not depend on it, so /ready stays 200."
+    )
 
 
 # ---------------------------------------------------------------- classify

@@ -39,7 +39,10 @@ async def ready(request: Request) -> Response:
         return api_error_response(
             ServiceUnavailable(lifecycle.unavailable_message(), code=lifecycle.phase)
         )
-    return orjson_response({"status": "ready", "models": registry.served_names()})
+    runner = request.app.state.batches.runner_status()
+    return orjson_response(
+        {"status": "ready", "models": registry.served_names(), "batch_runner": runner}
+    )
 
 
 @router.get("/metrics", response_class=Response)

@@ -22,6 +22,11 @@ logger = logging.getLogger("openai_compat.batch")
 
 # Lines wait this long at most for their response (a line is one API request).
 LINE_TIMEOUT = 600.0
+# The runner's supervisor: back-off between restarts after a crash, and between tries of a
+# data dir another process holds.
+RESTART_MIN_S = 1.0
+RESTART_MAX_S = 30.0
+STORE_RETRY_S = 5.0
 # Uploads streamed to disk at once; more get 429 (each holds a file open and a disk stream).
 MAX_UPLOADS = 4
 
@@ -35,6 +40,10 @@ class BatchService:
         self._task: asyncio.Task[None] | None = None
         self._registry: Registry | None = None
         self._uploads = 0
+        # idle (no jobs yet) | running | restarting (after a crash) | waiting_for_data_dir
+        self.runner_state = "idle"
+        self.runner_error: str | None = None
+        self.runner_restarts = 0
         self.runner = Runner(
             self._lazy_store,
             self._dispatch,
@@ -93,21 +102,55 @@ class BatchService:
         self._task = asyncio.create_task(self._serve(), name="batch-runner")
 
     async def _serve(self) -> None:
+        """The runner, supervised: a crash is logged and the runner restarted after a back-off
+        (1 s doubling to 30 s); a data dir held by another process is retried until free."""
         while self.lifecycle.phase == "loading":  # noqa: ASYNC110 (a phase, not an event)
             await asyncio.sleep(0.1)
-        # Jobs exist once the database does (made by the API's first use, or left by an
-        # earlier process, whose open jobs are resumed).
-        database = self.settings.data() / "batch.sqlite3"
-        while self._store is None and not database.exists() and not self._stopping():  # noqa: ASYNC110
-            await asyncio.sleep(1.0)
         if self.lifecycle.phase != "ready":
             return
-        try:
-            self._lazy_store()
-        except ServiceUnavailable as exc:
-            logger.error("batch jobs not run here: %s", exc.message)
-            return
-        await self.runner.serve()
+        backoff = RESTART_MIN_S
+        while not self._stopping():
+            try:
+                if not await self._wait_for_store():
+                    return
+                self.runner_state, self.runner_error = "running", None
+                await self.runner.serve()
+                return  # it returns only once the server stops
+            except Exception as exc:
+                logger.exception("batch runner crashed; restarting in %.0fs", backoff)
+                self.runner_state = "restarting"
+                self.runner_error = f"{type(exc).__name__}: {exc}"
+                self.runner_restarts += 1
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, RESTART_MAX_S)
+
+    async def _wait_for_store(self) -> bool:
+        """Until the store is open (False if the server stops first). Jobs exist once the
+        database does (made by the API's first use, or left by an earlier process, whose
+        open jobs are resumed)."""
+        database = self.settings.data() / "batch.sqlite3"
+        while not self._stopping():
+            if self._store is not None:
+                return True
+            if await asyncio.to_thread(database.exists):
+                try:
+                    await asyncio.to_thread(self._lazy_store)
+                    return True
+                except ServiceUnavailable as exc:
+                    if self.runner_state != "waiting_for_data_dir":
+                        logger.error("batch jobs wait: %s", exc.message)
+                    self.runner_state, self.runner_error = "waiting_for_data_dir", exc.message
+                    await asyncio.sleep(STORE_RETRY_S)
+                    continue
+            await asyncio.sleep(1.0)
+        return False
+
+    def runner_status(self) -> dict[str, Any]:
+        """For /ready: whether batch jobs are being run, and the last failure if not."""
+        status: dict[str, Any] = {"state": self.runner_state, "restarts": self.runner_restarts}
+        if self.runner_error is not None:
+            status["error"] = self.runner_error
+        return status
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -1,0 +1,115 @@
+"""The batch runner is supervised: a crash is logged and the runner restarted, a data dir
+held by another process is waited for, and /ready says which (in-process app, debug model)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+
+from openai_compat.app import create_app
+from openai_compat.batch import service as service_module
+from openai_compat.batch.store import Store
+from openai_compat.settings import ModelConfig, Settings
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service_module, "RESTART_MIN_S", 0.01)
+    monkeypatch.setattr(service_module, "STORE_RETRY_S", 0.05)
+
+
+async def _client(data: Path) -> AsyncIterator[httpx.AsyncClient]:
+    settings = Settings(
+        models=(ModelConfig(model="debug/engine", name="debug", engine="debugengine"),),
+        data_dir=data,
+    )
+    app = create_app(settings)
+    async with LifespanManager(app, startup_timeout=120) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            for _ in range(600):
+                if (await client.get("/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            yield client
+
+
+async def _runner(client: httpx.AsyncClient, state: str) -> dict[str, Any]:
+    for _ in range(200):
+        status: dict[str, Any] = (await client.get("/ready")).json()["batch_runner"]
+        if status["state"] == state:
+            return status
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the runner never became {state!r}: {status}")
+
+
+async def _run_one_batch(client: httpx.AsyncClient) -> dict[str, Any]:
+    line = b'{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", '
+    line += b'"body": {"model": "debug", "input": "abc"}}'
+    up = await client.post(
+        "/v1/files", files={"file": ("a.jsonl", line)}, data={"purpose": "batch"}
+    )
+    assert up.status_code == 200, up.text
+    body = {"input_file_id": up.json()["id"], "endpoint": "/v1/embeddings"}
+    created = await client.post("/v1/batches", json={**body, "completion_window": "24h"})
+    assert created.status_code == 200, created.text
+    for _ in range(500):
+        batch: dict[str, Any] = (await client.get(f"/v1/batches/{created.json()['id']}")).json()
+        if batch["status"] in ("completed", "failed"):
+            return batch
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"batch still {batch['status']}")
+
+
+async def test_a_crashed_runner_is_restarted_and_ready_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    crashes = 0
+    real_open_batches = Store.open_batches
+
+    def open_batches(self: Store) -> list[dict[str, Any]]:
+        nonlocal crashes
+        if crashes < 2:  # the store breaks under the runner twice (a disk error, say)
+            crashes += 1
+            raise OSError("disk I/O error")
+        return real_open_batches(self)
+
+    monkeypatch.setattr(Store, "open_batches", open_batches)
+    monkeypatch.setattr(service_module, "RESTART_MIN_S", 0.3)  # long enough to be seen
+    async for client in _client(tmp_path / "data"):
+        assert (await client.get("/ready")).json()["batch_runner"]["state"] == "idle"
+        await client.get("/v1/files")  # reading creates nothing: still idle
+        await _run_one_batch_started(client)
+        status = await _runner(client, "restarting")
+        assert status["error"] == "OSError: disk I/O error" and status["restarts"] >= 1
+        status = await _runner(client, "running")
+        assert status["restarts"] == 2 and "error" not in status
+        batch = await _run_one_batch(client)
+        assert batch["status"] == "completed"
+
+
+async def _run_one_batch_started(client: httpx.AsyncClient) -> None:
+    """The first upload creates the database; the runner then opens the store."""
+    up = await client.post(
+        "/v1/files", files={"file": ("s.jsonl", b"{}\n")}, data={"purpose": "batch"}
+    )
+    assert up.status_code == 200, up.text
+
+
+async def test_a_runner_waits_for_a_data_dir_another_process_holds(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    holder = Store(data)  # another server's store: it holds the data dir's lock
+    async for client in _client(data):
+        status = await _runner(client, "waiting_for_data_dir")
+        assert "in use by another openai-compat process" in status["error"]
+        holder.close()  # that server stopped
+        await _runner(client, "running")
+        batch = await _run_one_batch(client)
+        assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 1
+
