@@ -6,6 +6,7 @@ The /v1 routes and the tutorial's routes both call these functions: one implemen
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from openai_compat.tokens import Names, input_names
 
 # Token ids beyond this many per request are decoded in a worker thread, off the event loop.
 _INLINE_IDS = 8192
+# What one id weighs when deciding whether decoding it is long work (as characters of text).
+_CHARS_PER_ID = 4
 
 
 @contextmanager
@@ -269,3 +272,43 @@ def check_dimensions(dimensions: int | None, entry: ModelEntry) -> None:
             param="dimensions",
             code="invalid_dimensions",
         )
+
+
+async def tokenize_texts(
+    entry: ModelEntry,
+    texts: Sequence[str],
+    settings: Settings,
+    *,
+    add_special_tokens: bool,
+    param: str,
+) -> list[list[tuple[int, str, bool, tuple[int, int]]]]:
+    """The tokenize routes (TEI's, vLLM's): at most max_tokenize_chars, counted in the
+    model's admission like any other work, split off the event loop when long."""
+    chars = sum(len(t) for t in texts)
+    if chars > settings.max_tokenize_chars:
+        raise BadRequest(
+            f"'{param}' holds {chars} characters; /tokenize takes at most "
+            f"{settings.max_tokenize_chars} (max_tokenize_chars).",
+            param=param,
+            code="input_too_long",
+        )
+    counter = entry.tokenizer(param)
+    split = functools.partial(counter.tokens, add_special_tokens=add_special_tokens)
+    with entry.admit(len(texts), settings.max_queued_inputs):
+        return await counter.offload(chars, split, texts)
+
+
+async def detokenize_ids(
+    entry: ModelEntry,
+    batches: Sequence[Sequence[int]],
+    settings: Settings,
+    *,
+    skip_special_tokens: bool,
+    param: str,
+) -> list[str]:
+    """The decode routes (TEI's /decode, vLLM's /detokenize), admitted and off the loop."""
+    counter = entry.tokenizer(param)
+    decode = functools.partial(counter.decode, skip_special_tokens=skip_special_tokens, param=param)
+    ids = sum(len(b) for b in batches)
+    with entry.admit(len(batches), settings.max_queued_inputs):
+        return await counter.offload(ids * _CHARS_PER_ID, decode, batches)

@@ -200,6 +200,13 @@ class Settings(BaseModel):
         2048, "Most inputs one embeddings or classify request may carry.", ge=1
     )
     max_rerank_documents: int = _opt(10000, "Most documents one rerank request may carry.", ge=1)
+    max_tokenize_chars: int = _opt(
+        131_072,
+        "Most characters one /tokenize request may carry, its texts together: about 30k "
+        "tokens, far past any embedding model's window (the answer lists every token, and "
+        "the tokenizer's lists of a long text are built holding the GIL).",
+        ge=1,
+    )
     truncate: bool = _opt(
         True,
         "Truncate inputs longer than the model's maximum (default) or refuse them with 400.",

@@ -231,7 +231,8 @@ class TokenCounter:
 
     # ------------------------------------------------------------ async API
 
-    async def _run(self, chars: int, fn: Callable[..., T], *args: Any) -> T:
+    async def offload(self, chars: int, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) in a worker thread when `chars` of text make it long, else here."""
         if chars <= _INLINE_CHARS:
             return fn(*args)
         # The Rust tokenizer releases the GIL: big batches run beside the event loop.
@@ -243,7 +244,7 @@ class TokenCounter:
         return lengths
 
     async def prepare_lengths(self, texts: Sequence[str]) -> tuple[np.ndarray, list[str]]:
-        return await self._run(sum(len(t) for t in texts), self._measure, texts)
+        return await self.offload(sum(len(t) for t in texts), self._measure, texts)
 
     async def prepare(
         self, texts: Sequence[str], *, truncate: bool, names: Names = input_names
@@ -278,7 +279,7 @@ class TokenCounter:
             encodings = self._tok.encode_batch([(query, d) for d in docs])
             return np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(docs))
 
-        return await self._run(len(query) * len(docs) + sum(len(d) for d in docs), count)
+        return await self.offload(len(query) * len(docs) + sum(len(d) for d in docs), count)
 
     async def pair_usage(self, query: str, docs: Sequence[str]) -> int:
         """Tokens of (query, document) pairs as a cross-encoder sees them, after truncation."""

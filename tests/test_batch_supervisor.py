@@ -112,4 +112,3 @@ async def test_a_runner_waits_for_a_data_dir_another_process_holds(tmp_path: Pat
         await _runner(client, "running")
         batch = await _run_one_batch(client)
         assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 1
-

@@ -148,3 +148,34 @@ def test_tei_decode_of_600k_ids(server: RemoteServer) -> None:
     assert r.status_code == 200, r.text[:300]
     (text,) = r.json()
     assert text.startswith("this is this is") and text.count("this is") == 300_000
+
+
+@pytest.mark.parametrize(
+    ("path", "field"), [("/tokenize", "prompt"), ("/tokenize", "inputs")], ids=["vllm", "tei"]
+)
+def test_tokenize_of_the_largest_prompt_keeps_health_fast(
+    server: RemoteServer, path: str, field: str
+) -> None:
+    """128 KiB of text (the max_tokenize_chars default) is split off the event loop; one
+    character more is refused before any work, in the route's own error body."""
+    text = ("tokenization " * 11_000)[:131_072]
+    body = {field: text, "model": MODEL} if field == "prompt" else {field: text}
+    result: list[httpx.Response] = []
+
+    def work() -> None:
+        result.append(httpx.post(server.url + path, json=body, timeout=300))
+
+    latencies = _probe_while(server, threading.Thread(target=work))
+    (response,) = result
+    assert response.status_code == 200, response.text[:300]
+    assert latencies  # probed while it ran
+    assert max(latencies) < 0.1, sorted(latencies)[-5:]
+    body[field] = text + "x"
+    refused = httpx.post(server.url + path, json=body, timeout=60)
+    if field == "prompt":  # vLLM's errors are OpenAI's
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "prompt"
+    else:  # TEI's body; too-long input is TEI's 413 Validation (before 1.9.0)
+        assert refused.status_code == 413
+        assert refused.json()["error_type"] == "Validation"
+    assert "max_tokenize_chars" in refused.text

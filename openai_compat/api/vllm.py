@@ -6,8 +6,9 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 from starlette.responses import Response
 
-from openai_compat.api.request import body_openapi, read_body, ready_registry
+from openai_compat.api.request import body_openapi, read_body, ready_registry, settings_of
 from openai_compat.encoding import orjson_response
+from openai_compat.inference import detokenize_ids, tokenize_texts
 from openai_compat.protocol import ERROR_RESPONSES
 from openai_compat.registry import ModelEntry
 
@@ -32,8 +33,12 @@ class VllmDetokenizeRequest(BaseModel):
 
 async def vllm_tokenize(request: Request, body: VllmTokenizeRequest) -> Response:
     entry = _model(request, body.model)
-    (row,) = entry.tokenizer("prompt").tokens(
-        [body.prompt], add_special_tokens=body.add_special_tokens
+    (row,) = await tokenize_texts(
+        entry,
+        [body.prompt],
+        settings_of(request),
+        add_special_tokens=body.add_special_tokens,
+        param="prompt",
     )
     ids = [i for i, _, _, _ in row]
     out: dict[str, object] = {"tokens": ids, "count": len(ids), "max_model_len": entry.max_length}
@@ -49,8 +54,8 @@ async def detokenize(request: Request) -> Response:
     """vLLM: token ids back to text with the model's own tokenizer."""
     body = await read_body(request, VllmDetokenizeRequest)
     entry = _model(request, body.model)
-    (text,) = entry.tokenizer("tokens").decode(
-        [body.tokens], skip_special_tokens=True, param="tokens"
+    (text,) = await detokenize_ids(
+        entry, [body.tokens], settings_of(request), skip_special_tokens=True, param="tokens"
     )
     return orjson_response({"prompt": text})
 

@@ -32,11 +32,13 @@ from openai_compat.inference import (
     check_count,
     check_dimensions,
     check_raw_output,
+    detokenize_ids,
     embed_fitted,
     embed_texts,
     fit_texts,
     raw_matrix,
     texts_from_input,
+    tokenize_texts,
     truncate_for,
 )
 from openai_compat.registry import Capability, ModelEntry
@@ -136,10 +138,15 @@ async def tei_tokenize(request: Request, body: TeiTokenizeRequest) -> Response:
     entry = _model(request, "embed", or_first=True)
     single = isinstance(body.inputs, str)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    check_count(len(texts), settings_of(request).max_inputs_per_request, "inputs")
+    settings = settings_of(request)
+    check_count(len(texts), settings.max_inputs_per_request, "inputs")
     prompt = entry.prompts.choose(entry.name, prompt_name=body.prompt_name)
-    rows = entry.tokenizer("inputs").tokens(
-        [prompt + t for t in texts], add_special_tokens=body.add_special_tokens
+    rows = await tokenize_texts(
+        entry,
+        [prompt + t for t in texts],
+        settings,
+        add_special_tokens=body.add_special_tokens,
+        param="inputs",
     )
     out = [
         [
@@ -198,8 +205,12 @@ async def decode(request: Request) -> Response:
     # ids may come as numpy arrays (bodies over 1 MiB are parsed in a worker: bodies.py)
     single = len(body.ids) == 0 or isinstance(body.ids[0], int | np.integer)
     batches: Any = [body.ids] if single else body.ids
-    texts = entry.tokenizer("ids").decode(
-        batches, skip_special_tokens=body.skip_special_tokens, param="ids"
+    texts = await detokenize_ids(
+        entry,
+        batches,
+        settings_of(request),
+        skip_special_tokens=body.skip_special_tokens,
+        param="ids",
     )
     return orjson_response(texts)
 
