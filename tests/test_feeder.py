@@ -485,3 +485,41 @@ async def test_the_trickle_follows_the_engines_measured_speed(
     engine.finish(1)
     await live
     assert feeder._trickle() == 1  # the engine now looks slow: one input at a time
+
+
+class ShortEngine(ScriptedEngine):
+    """Answers one vector too few for its first call (an engine fault)."""
+
+    async def embed(self, texts: list[str]) -> tuple[list[Any], int]:
+        vectors, usage = await super().embed(texts)
+        return (vectors[:-1] if len(self.calls) == 1 else vectors), usage
+
+
+async def test_an_engine_answering_the_wrong_count_fails_its_callers_and_frees_the_wave() -> None:
+    from openai_compat.errors import ModelOutputError
+
+    engine = ShortEngine()
+    feeder = Feeder(engine, batch_size=4)
+    first = asyncio.ensure_future(feeder.embed(texts("a", [1, 2], 0)))
+    await settle()
+    engine.finish(0)
+    with pytest.raises(ModelOutputError) as info:
+        await asyncio.wait_for(first, timeout=5)  # never a hang
+    assert info.value.code == "engine_output_mismatch"
+    second = asyncio.ensure_future(feeder.embed(texts("b", [3], 10)))  # the slot is free
+    await settle()
+    engine.finish(1)
+    check(await asyncio.wait_for(second, timeout=5), texts("b", [3], 10))
+
+
+async def test_a_chunk_the_engine_cancels_is_a_503_not_the_callers_cancellation() -> None:
+    engine = ScriptedEngine()
+    feeder = Feeder(engine, batch_size=4)
+    task = asyncio.ensure_future(feeder.embed(texts("a", [1, 2], 0)))
+    await settle()
+    (chunk,) = next(iter(feeder._waves)).members  # the engine call in flight
+    chunk.cancel()  # the engine stops under it (the caller did not ask to stop)
+    with pytest.raises(ServiceUnavailable):
+        await asyncio.wait_for(task, timeout=5)
+    assert not task.cancelled()
+

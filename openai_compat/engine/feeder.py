@@ -40,6 +40,7 @@ calls are cancelled too (infinity-emb then skips their queued inputs), the other
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -49,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openai_compat.engine import adapter
-from openai_compat.errors import ServiceUnavailable
+from openai_compat.errors import ModelOutputError, ServiceUnavailable
 
 GATHER_FRACTION = 0.05  # of the recent wave time
 GATHER_MAX_S = 0.010
@@ -58,6 +59,8 @@ MAX_WAVES = 2
 QUIET_S = 0.5  # no live call for this long: background waves use full batches again
 TRICKLE_S = 0.025  # beside live traffic a background chunk is about this much engine time
 TRICKLE_FRACTION = 8  # ... or batch_size / 8 inputs until the engine's speed is known
+
+logger = logging.getLogger("openai_compat")
 
 _BACKGROUND: ContextVar[bool] = ContextVar("openai_compat_background", default=False)
 
@@ -279,26 +282,35 @@ class Feeder:
         )
 
     def _chunk_done(self, wave: _Wave, chunk: list[tuple[int, int, int]], task: Any) -> None:
-        wave.members.pop(task, None)
-        error = asyncio.CancelledError() if task.cancelled() else task.exception()
-        if error is None:
-            for (_, c, i), vector in zip(chunk, task.result()[0], strict=True):
-                wave.results[c][i] = vector
-                wave.missing[c] -= 1
-        for c in {c for _, c, _ in chunk}:
-            future = wave.calls[c].future
-            if future.done():
-                continue  # its caller is gone, or an earlier chunk failed it
-            if error is not None:
-                future.set_exception(error)
-            elif wave.missing[c] == 0:
-                vectors = wave.results[c]
-                future.set_result((vectors, _usage(wave.calls[c].texts, vectors)))
-        wave.in_engine -= 1
-        if wave.pending:
-            self._pump(wave)
-        elif wave.in_engine == 0:
-            self._wave_done(wave)
+        """A done-callback: whatever happens in here, every caller of the chunk is answered
+        and the wave's slot is given back (nothing raised here would reach anyone)."""
+        try:
+            wave.members.pop(task, None)
+            error = _chunk_error(task, len(chunk))
+            if error is None:
+                for (_, c, i), vector in zip(chunk, task.result()[0], strict=True):
+                    wave.results[c][i] = vector
+                    wave.missing[c] -= 1
+            for c in {c for _, c, _ in chunk}:
+                future = wave.calls[c].future
+                if future.done():
+                    continue  # its caller is gone, or an earlier chunk failed it
+                if error is not None:
+                    future.set_exception(error)
+                elif wave.missing[c] == 0:
+                    vectors = wave.results[c]
+                    future.set_result((vectors, _usage(wave.calls[c].texts, vectors)))
+        except Exception as exc:  # a bug here must not leave callers waiting forever
+            logger.exception("wave batching failed on a finished chunk")
+            for c in {c for _, c, _ in chunk}:
+                if not wave.calls[c].future.done():
+                    wave.calls[c].future.set_exception(exc)
+        finally:
+            wave.in_engine -= 1
+            if wave.pending:
+                self._pump(wave)
+            elif wave.in_engine == 0 and wave in self._waves:
+                self._wave_done(wave)
 
     def _wave_done(self, wave: _Wave) -> None:
         elapsed = time.perf_counter() - wave.started
@@ -315,7 +327,8 @@ class Feeder:
         self._consider()
 
     def close(self) -> None:
-        """Fail whatever still waits (the engine is stopping): 503, a retryable refusal."""
+        """Fail whatever still waits (the engine is stopping): 503, a retryable refusal.
+        Calls already in the engine get its answer, or a 503 if it stops without one."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -327,6 +340,25 @@ class Feeder:
                         ServiceUnavailable("The model is shutting down; retry shortly.")
                     )
             held.items = 0
+
+
+def _chunk_error(task: Any, inputs: int) -> BaseException | None:
+    """What the callers of a finished chunk get instead of vectors, if anything: the
+    engine's error; a 503 if the engine cancelled it (it is stopping: the callers did not
+    ask to stop, so never their CancelledError); a 500 if it answered the wrong count."""
+    if task.cancelled():
+        return ServiceUnavailable("The model stopped before answering; retry shortly.")
+    error: BaseException | None = task.exception()
+    if error is not None:
+        return error
+    vectors = task.result()[0]
+    if len(vectors) != inputs:
+        return ModelOutputError(
+            f"The model answered {len(vectors)} vectors for {inputs} inputs; retry, or report "
+            "this engine fault.",
+            code="engine_output_mismatch",
+        )
+    return None
 
 
 def _usage(texts: list[str], vectors: list[Any]) -> int:
