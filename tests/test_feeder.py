@@ -522,4 +522,3 @@ async def test_a_chunk_the_engine_cancels_is_a_503_not_the_callers_cancellation(
     with pytest.raises(ServiceUnavailable):
         await asyncio.wait_for(task, timeout=5)
     assert not task.cancelled()
-

@@ -103,6 +103,7 @@ def _job(service: Any, source: Path, endpoint: str) -> dict[str, Any]:
         return batch
     store.add_file(source, purpose="batch", filename=source.name, file_id=INPUT_ID, move=False)
     created: dict[str, Any] = service.submit(
+        "",  # a local job: no API key, no owner
         batch_object(
             input_file_id=INPUT_ID,
             endpoint=endpoint,
@@ -110,7 +111,7 @@ def _job(service: Any, source: Path, endpoint: str) -> dict[str, Any]:
             metadata=None,
             now=int(time.time()),
             expires=False,  # a local job resumes whenever it is run again
-        )
+        ),
     )
     return created
 

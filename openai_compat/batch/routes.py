@@ -8,6 +8,7 @@ priority than live requests; state lives in SQLite under --data-dir (store.py).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from typing import Any
 
@@ -58,6 +59,17 @@ class BatchCreateRequest(BaseModel):
             if len(value) > 512:
                 raise ValueError(f"the value of {key!r} is longer than 512 characters")
         return metadata
+
+
+def owner_of(request: Request) -> str:
+    """Who owns what this request makes or may see: a hash of its API key ('' when the server
+    has no keys). Files and batches of other keys do not exist for it (404), as on OpenAI."""
+    if not settings_of(request).api_key:
+        return ""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    key = token.strip() if scheme.lower() == "bearer" else ""
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def _service(request: Request) -> BatchService:
@@ -117,7 +129,11 @@ async def create_file(request: Request) -> Response:
                     code="invalid_purpose",
                 )
             found = await asyncio.to_thread(
-                store.add_file, upload.path, purpose="batch", filename=upload.filename
+                store.add_file,
+                upload.path,
+                purpose="batch",
+                filename=upload.filename,
+                owner=owner_of(request),
             )
         finally:
             await asyncio.to_thread(upload.path.unlink, missing_ok=True)  # moved, or refused
@@ -135,14 +151,20 @@ async def list_files(request: Request) -> Response:
     if store is None:
         return _page([], False)
     data, more = await asyncio.to_thread(
-        store.files, purpose=q.get("purpose"), after=q.get("after"), limit=limit, order=order
+        store.files,
+        purpose=q.get("purpose"),
+        after=q.get("after"),
+        limit=limit,
+        order=order,
+        owner=owner_of(request),
     )
     return _page(data, more)
 
 
 async def _file(request: Request, file_id: str) -> tuple[Store, dict[str, Any]]:
     store = await _existing_store(request)
-    found = await asyncio.to_thread(store.file, file_id) if store is not None else None
+    owner = owner_of(request)
+    found = await asyncio.to_thread(store.file, file_id, owner) if store is not None else None
     if store is None or found is None:
         raise NotFound(f"No such file: {file_id!r}.", param="file_id", code="file_not_found")
     return store, found
@@ -186,7 +208,12 @@ async def create_batch(request: Request) -> Response:
     service = _service(request)
     body = await read_body(request, BatchCreateRequest)
     store = await _existing_store(request)
-    found = await asyncio.to_thread(store.file, body.input_file_id) if store is not None else None
+    owner = owner_of(request)
+    found = (
+        await asyncio.to_thread(store.file, body.input_file_id, owner)
+        if store is not None
+        else None
+    )
     if found is None:
         raise BadRequest(
             f"No such file: {body.input_file_id!r}.",
@@ -212,6 +239,7 @@ async def create_batch(request: Request) -> Response:
         )
     obj = await asyncio.to_thread(
         service.submit,
+        owner,
         batch_object(
             input_file_id=body.input_file_id,
             endpoint=body.endpoint,
@@ -225,7 +253,8 @@ async def create_batch(request: Request) -> Response:
 
 async def _batch(request: Request, batch_id: str) -> tuple[Store, dict[str, Any]]:
     store = await _existing_store(request)
-    found = await asyncio.to_thread(store.batch, batch_id) if store is not None else None
+    owner = owner_of(request)
+    found = await asyncio.to_thread(store.batch, batch_id, owner) if store is not None else None
     if store is None or found is None:
         raise NotFound(f"No such batch: {batch_id!r}.", param="batch_id", code="batch_not_found")
     return store, found
@@ -244,7 +273,8 @@ async def list_batches(request: Request) -> Response:
     if store is None:
         return _page([], False)
     after = request.query_params.get("after")
-    data, more = await asyncio.to_thread(store.batches, after=after, limit=limit)
+    owner = owner_of(request)
+    data, more = await asyncio.to_thread(store.batches, after=after, limit=limit, owner=owner)
     return _page(data, more)
 
 

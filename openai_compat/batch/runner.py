@@ -334,6 +334,7 @@ class Runner:
         folder = self.store.batch_dir(batch_id)
         folder.mkdir(parents=True, exist_ok=True)
         suffix = batch_id.removeprefix("batch_")
+        owner = self.store.batch_owner(batch_id)  # its output is its owner's
         out, err = folder / "output.jsonl", folder / "errors.jsonl"
         for path, size in ((out, output_bytes), (err, error_bytes)):
             with path.open("ab") as f:
@@ -345,6 +346,7 @@ class Runner:
             filename=f"{batch_id}_output.jsonl",
             file_id=f"file-{suffix}o",
             move=False,
+            owner=owner,
         )["id"]
         if err.stat().st_size > 0:
             obj["error_file_id"] = self.store.add_file(
@@ -353,6 +355,7 @@ class Runner:
                 filename=f"{batch_id}_error.jsonl",
                 file_id=f"file-{suffix}e",
                 move=False,
+                owner=owner,
             )["id"]
 
 

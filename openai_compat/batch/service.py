@@ -185,9 +185,9 @@ class BatchService:
         finally:
             self._uploads -= 1
 
-    def submit(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Store a new batch (from batch_object) and wake the runner for it."""
-        self.store.add_batch(obj)
+    def submit(self, owner: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store a new batch (from batch_object) of `owner` and wake the runner for it."""
+        self.store.add_batch(obj, owner)
         self.runner.wake.set()
         return obj
 

@@ -115,6 +115,7 @@ class Store:
         filename: str,
         file_id: str | None = None,
         move: bool = True,
+        owner: str = "",
     ) -> dict[str, Any]:
         """Register a file: an upload (moved into files/) or a batch's own output (left where
         it is). `file_id` makes registering idempotent (INSERT OR IGNORE)."""
@@ -130,18 +131,21 @@ class Store:
         size = path.stat().st_size
         with self._tx() as db:
             db.execute(
-                "INSERT OR IGNORE INTO files (id, purpose, filename, bytes, created_at, path) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (file_id, purpose, filename, size, int(time.time()), str(path)),
+                "INSERT OR IGNORE INTO files (id, purpose, filename, bytes, created_at, path, "
+                "owner) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (file_id, purpose, filename, size, int(time.time()), str(path), owner),
             )
         found = self.file(file_id)
         assert found is not None
         return found
 
-    def file(self, file_id: str) -> dict[str, Any] | None:
+    def file(self, file_id: str, owner: str | None = None) -> dict[str, Any] | None:
+        """The file; with `owner`, only if that owner made it (others' files do not exist)."""
         with self._lock:
             row = self._db.execute("SELECT * FROM files WHERE id = ?", (file_id,)).fetchone()
-        return _file_object(row) if row else None
+        if row is None or (owner is not None and row["owner"] != owner):
+            return None
+        return _file_object(row)
 
     def file_path(self, file_id: str) -> Path | None:
         with self._lock:
@@ -149,9 +153,16 @@ class Store:
         return Path(row["path"]) if row else None
 
     def files(
-        self, *, purpose: str | None, after: str | None, limit: int, order: str
+        self,
+        *,
+        purpose: str | None,
+        after: str | None,
+        limit: int,
+        order: str,
+        owner: str | None = None,
     ) -> tuple[list[dict[str, Any]], bool]:
-        return self._page("files", after, limit, order, ("purpose", purpose), _file_object)
+        where = {"purpose": purpose, "owner": owner}
+        return self._page("files", after, limit, order, where, _file_object)
 
     def delete_file(self, file_id: str) -> bool:
         path = self.file_path(file_id)
@@ -208,23 +219,33 @@ class Store:
     def batch_dir(self, batch_id: str) -> Path:
         return self.root / "batches" / batch_id
 
-    def add_batch(self, obj: dict[str, Any]) -> None:
+    def add_batch(self, obj: dict[str, Any], owner: str = "") -> None:
         self.batch_dir(obj["id"]).mkdir(parents=True, exist_ok=True)
         with self._tx() as db:
             db.execute(
-                "INSERT INTO batches (id, status, obj) VALUES (?, ?, ?)",
-                (obj["id"], obj["status"], json.dumps(obj)),
+                "INSERT INTO batches (id, status, obj, owner) VALUES (?, ?, ?, ?)",
+                (obj["id"], obj["status"], json.dumps(obj), owner),
             )
 
-    def batch(self, batch_id: str) -> dict[str, Any] | None:
+    def batch(self, batch_id: str, owner: str | None = None) -> dict[str, Any] | None:
+        """The batch; with `owner`, only if that owner made it."""
         with self._lock:
             row = self._db.execute(
-                "SELECT obj, completed, failed FROM batches WHERE id = ?", (batch_id,)
+                "SELECT obj, completed, failed, owner FROM batches WHERE id = ?", (batch_id,)
             ).fetchone()
-        return _batch_object(row) if row else None
+        if row is None or (owner is not None and row["owner"] != owner):
+            return None
+        return _batch_object(row)
 
-    def batches(self, *, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
-        return self._page("batches", after, limit, "desc", None, _batch_object)
+    def batch_owner(self, batch_id: str) -> str:
+        with self._lock:
+            row = self._db.execute("SELECT owner FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        return str(row["owner"]) if row else ""
+
+    def batches(
+        self, *, after: str | None, limit: int, owner: str | None = None
+    ) -> tuple[list[dict[str, Any]], bool]:
+        return self._page("batches", after, limit, "desc", {"owner": owner}, _batch_object)
 
     def open_batches(self) -> list[dict[str, Any]]:
         marks = ",".join("?" * len(OPEN_STATUSES))
@@ -330,14 +351,16 @@ class Store:
         after: str | None,
         limit: int,
         order: str,
-        where: tuple[str, str | None] | None,
+        where: dict[str, str | None],
         convert: Any,
     ) -> tuple[list[dict[str, Any]], bool]:
+        """A page of `table` (column = value for each `where` item not None)."""
         clauses: list[str] = []
         args: list[str | int] = []
-        if where is not None and where[1] is not None:
-            clauses.append(f"{where[0]} = ?")
-            args.append(where[1])
+        for column, value in where.items():
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                args.append(value)
         op, direction = ("<", "DESC") if order == "desc" else (">", "ASC")
         if after is not None:
             clauses.append(f"seq {op} COALESCE((SELECT seq FROM {table} WHERE id = ?), -1)")
