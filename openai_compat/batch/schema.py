@@ -1,10 +1,15 @@
-"""The batch store's SQLite schema, as numbered migrations (PRAGMA user_version).
+"""The batch store's SQLite schema, as numbered migrations (PRAGMA user_version), and what its
+rows are as the API shows them.
 
 A new version appends a script to MIGRATIONS; store.py applies the missing ones in order, each
 in one transaction, and refuses a database newer than it knows. Never edit a published one.
 """
 
 from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
 
 # Schema versions, applied in order to a database whose PRAGMA user_version is lower, each in
 # its own transaction. Version 1 is the first layout (databases from before versioning have
@@ -44,3 +49,25 @@ ALTER TABLE files ADD COLUMN owner TEXT NOT NULL DEFAULT '';
 """
 MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def file_from_row(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "object": "file",
+        "bytes": row["bytes"],
+        "created_at": row["created_at"],
+        "filename": row["filename"],
+        "purpose": row["purpose"],
+        "status": "processed",
+        "status_details": None,
+        "expires_at": None,
+    }
+
+
+def batch_from_row(row: sqlite3.Row) -> dict[str, Any]:
+    """The batch as the API shows it: its stored object with the counts of the last wave."""
+    obj: dict[str, Any] = json.loads(row["obj"])
+    obj["request_counts"]["completed"] = row["completed"]
+    obj["request_counts"]["failed"] = row["failed"]
+    return obj

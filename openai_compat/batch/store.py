@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openai_compat.batch.schema import MIGRATIONS, SCHEMA_VERSION
+from openai_compat.batch.schema import MIGRATIONS, SCHEMA_VERSION, batch_from_row, file_from_row
 
 OPEN_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 
@@ -145,7 +145,7 @@ class Store:
             row = self._db.execute("SELECT * FROM files WHERE id = ?", (file_id,)).fetchone()
         if row is None or (owner is not None and row["owner"] != owner):
             return None
-        return _file_object(row)
+        return file_from_row(row)
 
     def file_path(self, file_id: str) -> Path | None:
         with self._lock:
@@ -162,7 +162,7 @@ class Store:
         owner: str | None = None,
     ) -> tuple[list[dict[str, Any]], bool]:
         where = {"purpose": purpose, "owner": owner}
-        return self._page("files", after, limit, order, where, _file_object)
+        return self._page("files", after, limit, order, where, file_from_row)
 
     def delete_file(self, file_id: str) -> bool:
         path = self.file_path(file_id)
@@ -235,7 +235,7 @@ class Store:
             ).fetchone()
         if row is None or (owner is not None and row["owner"] != owner):
             return None
-        return _batch_object(row)
+        return batch_from_row(row)
 
     def batch_owner(self, batch_id: str) -> str:
         with self._lock:
@@ -245,7 +245,7 @@ class Store:
     def batches(
         self, *, after: str | None, limit: int, owner: str | None = None
     ) -> tuple[list[dict[str, Any]], bool]:
-        return self._page("batches", after, limit, "desc", {"owner": owner}, _batch_object)
+        return self._page("batches", after, limit, "desc", {"owner": owner}, batch_from_row)
 
     def open_batches(self) -> list[dict[str, Any]]:
         marks = ",".join("?" * len(OPEN_STATUSES))
@@ -255,7 +255,7 @@ class Store:
                 "ORDER BY seq",
                 OPEN_STATUSES,
             ).fetchall()
-        return [_batch_object(r) for r in rows]
+        return [batch_from_row(r) for r in rows]
 
     def progress(self, batch_id: str) -> Progress:
         with self._lock:
@@ -326,7 +326,7 @@ class Store:
             ).fetchone()
             if row is None:
                 return None
-            obj = _batch_object(row)
+            obj = batch_from_row(row)
             if obj["status"] in ("validating", "in_progress"):
                 obj["status"] = "cancelling"
                 obj["cancelling_at"] = int(time.time())
@@ -373,28 +373,6 @@ class Store:
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
         return [convert(r) for r in rows[:limit]], len(rows) > limit
-
-
-def _file_object(row: sqlite3.Row) -> dict[str, Any]:
-    return {
-        "id": row["id"],
-        "object": "file",
-        "bytes": row["bytes"],
-        "created_at": row["created_at"],
-        "filename": row["filename"],
-        "purpose": row["purpose"],
-        "status": "processed",
-        "status_details": None,
-        "expires_at": None,
-    }
-
-
-def _batch_object(row: sqlite3.Row) -> dict[str, Any]:
-    """The batch as the API shows it: its stored object with the counts of the last wave."""
-    obj: dict[str, Any] = json.loads(row["obj"])
-    obj["request_counts"]["completed"] = row["completed"]
-    obj["request_counts"]["failed"] = row["failed"]
-    return obj
 
 
 def fsync_dir(folder: Path) -> None:
