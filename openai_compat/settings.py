@@ -285,6 +285,11 @@ class Settings(BaseModel):
     batch_max_requests: int = _opt(
         50_000, "Most request lines in one batch input file (OpenAI's limit).", ge=1
     )
+    batch_line_timeout: float = _opt(
+        600.0,
+        "Seconds one batch line may take; past that it fails alone (code 'timeout').",
+        gt=0,
+    )
     batch_max_data_bytes: int = _opt(
         0,
         "Most bytes the data dir may hold (uploads and batch output together); a batch that "

@@ -572,3 +572,57 @@ def output_of(store: Store, obj: dict[str, Any]) -> list[dict[str, Any]]:
     path = store.file_path(obj["output_file_id"])
     assert path is not None
     return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+async def test_a_cancel_is_seen_while_a_wave_is_in_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, batch_id = job(tmp_path)
+    monkeypatch.setattr(runner_module, "CANCEL_POLL_S", 0.05)
+    sent = asyncio.Event()
+
+    async def stuck(url: str, body: bytes) -> tuple[int, bytes, str]:
+        sent.set()
+        await asyncio.Event().wait()  # the engine never answers this wave
+        raise AssertionError("unreachable")
+
+    run = asyncio.create_task(Runner(lambda: store, stuck, Gate(), max_requests=100).run(batch_id))
+    await asyncio.wait_for(sent.wait(), timeout=5)
+    store.cancel(batch_id)
+    await asyncio.wait_for(run, timeout=5)  # not stuck behind the wave
+    obj = store.batch(batch_id)
+    assert obj is not None and obj["status"] == "cancelled"
+    store.close()
+
+
+async def test_a_line_past_its_time_limit_fails_alone() -> None:
+    from openai_compat.batch.lines import run_line
+
+    async def slow(url: str, body: bytes) -> tuple[int, bytes, str]:
+        raise TimeoutError
+
+    result = await run_line(embedding_line("t", {"input": "x"}), "/v1/embeddings", False, slow, 7)
+    assert not result.ok
+    assert result.record["error"]["code"] == "timeout" and result.record["error"]["line"] == 7
+
+
+async def test_the_service_enforces_the_line_timeout_through_asgi() -> None:
+    """httpx's timeout never fires over ASGITransport: the service's own limit does."""
+    import httpx
+
+    from openai_compat.batch.service import BatchService
+    from openai_compat.lifecycle import Lifecycle
+    from openai_compat.settings import Settings
+
+    async def hanging_app(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.Event().wait()
+
+    service = BatchService(Settings(batch_line_timeout=0.2), Lifecycle())
+    service._client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=hanging_app), base_url="http://batch.internal"
+    )
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await service._dispatch("/v1/embeddings", b"{}")
+    assert time.monotonic() - started < 5
+    await service._client.aclose()

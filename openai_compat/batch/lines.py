@@ -128,6 +128,8 @@ async def run_line(
         return _error(custom_id, "invalid_body", f"'body' cannot be sent: {exc}.", number)
     try:
         status, content, request_id = await dispatch(endpoint, encoded)
+    except TimeoutError:
+        return _error(custom_id, "timeout", "The line took longer than its time limit.", number)
     except Exception as exc:  # the route or transport broke on this line: it fails alone
         logger.exception("batch line %s (%s) failed on the server", number, custom_id)
         return _error(

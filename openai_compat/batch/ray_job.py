@@ -47,6 +47,7 @@ class LineWorker:
         )
         logs.configure("warning", settings.log_format)
         self.endpoint = endpoint
+        self.line_timeout = settings.batch_line_timeout
         self.loop = asyncio.new_event_loop()
         self.app = create_app(settings)
         self.lifespan = self.app.router.lifespan_context(self.app)
@@ -99,9 +100,10 @@ class LineWorker:
         await self.lifespan.__aexit__(None, None, None)
 
     async def _dispatch(self, url: str, body: bytes) -> tuple[int, bytes, str]:
-        resp = await self.client.post(
-            url, content=body, headers={"Content-Type": "application/json"}
-        )
+        async with asyncio.timeout(self.line_timeout):  # httpx's never fires over ASGI
+            resp = await self.client.post(
+                url, content=body, headers={"Content-Type": "application/json"}
+            )
         return resp.status_code, resp.content, resp.headers.get("x-request-id", "")
 
     async def _line(self, raw: bytes, gate: asyncio.Semaphore) -> tuple[bool, str]:

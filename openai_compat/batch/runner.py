@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 from openai_compat.batch.lines import (
     Dispatch,
@@ -44,6 +44,7 @@ CHUNK = 64  # most lines sent at once (one commit each wave)
 WAVE_INPUTS = 64  # inputs a wave stops at, while no live request is in flight
 MAX_YIELD = 1.0  # seconds a chunk waits for live traffic to pause before it goes anyway
 RETRY_PAUSE = 0.2  # seconds before refused lines are sent again
+CANCEL_POLL_S = 0.5  # how soon a cancel is seen while a wave's lines are in the engine
 
 
 @dataclass
@@ -207,7 +208,10 @@ class Runner:
                         if wave is None:
                             return True
                         next_line = wave.physical
-                    answered = await self._answered(wave, obj["endpoint"], dups)
+                    answered = await self._answered(batch_id, wave, obj["endpoint"], dups)
+                    if answered == "cancelling":
+                        obj["status"] = "cancelling"  # the wave's lines are dropped
+                        return True
                     if answered is None:
                         return False  # stopping: the wave is done again on resume
                     results = answered
@@ -282,11 +286,18 @@ class Runner:
             return None
 
     async def _answered(
-        self, wave: _Wave, endpoint: str, duplicates: frozenset[int]
-    ) -> list[LineResult] | None:
+        self, batch_id: str, wave: _Wave, endpoint: str, duplicates: frozenset[int]
+    ) -> list[LineResult] | Literal["cancelling"] | None:
         """Every line of the wave answered: the refused ones (429/503) sent again, alone of
-        the rest (a finished line is never sent twice); None if the server stops first."""
-        results = await wave.task
+        the rest (a finished line is never sent twice); None if the server stops first;
+        "cancelling" if the client cancels the batch meanwhile (seen within CANCEL_POLL_S)."""
+        while not wave.task.done():
+            await asyncio.wait({wave.task}, timeout=CANCEL_POLL_S)
+            if not wave.task.done():
+                status = await asyncio.to_thread(self.store.status, batch_id)
+                if status == "cancelling":
+                    return "cancelling"
+        results = wave.task.result()
         while True:
             refused = [i for i, r in enumerate(results) if r is None]
             if not refused:

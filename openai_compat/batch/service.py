@@ -20,8 +20,6 @@ from openai_compat.settings import Settings
 
 logger = logging.getLogger("openai_compat.batch")
 
-# Lines wait this long at most for their response (a line is one API request).
-LINE_TIMEOUT = 600.0
 # The runner's supervisor: back-off between restarts after a crash, and between tries of a
 # data dir another process holds.
 RESTART_MIN_S = 1.0
@@ -97,7 +95,7 @@ class BatchService:
             transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
             base_url="http://batch.internal",
             headers=headers,
-            timeout=LINE_TIMEOUT,
+            timeout=self.settings.batch_line_timeout,
         )
         self._task = asyncio.create_task(self._serve(), name="batch-runner")
 
@@ -165,10 +163,12 @@ class BatchService:
     async def _dispatch(self, url: str, body: bytes) -> tuple[int, bytes, str]:
         assert self._client is not None
         # its engine calls wait for live ones and have their own admission budget
-        with background():
-            resp = await self._client.post(
-                url, content=body, headers={"Content-Type": "application/json"}
-            )
+        # httpx's own timeout never fires through ASGITransport: the line's is enforced here
+        async with asyncio.timeout(self.settings.batch_line_timeout):
+            with background():
+                resp = await self._client.post(
+                    url, content=body, headers={"Content-Type": "application/json"}
+                )
         return resp.status_code, resp.content, resp.headers.get("x-request-id", "")
 
     @contextlib.asynccontextmanager
