@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +35,8 @@ from openai_compat.batch.lines import (
     run_line,
     scan,
 )
-from openai_compat.batch.store import OPEN_STATUSES, Progress, Store, fsync_dir
+from openai_compat.batch.outputs import DataLost, fsync_both, reopen_outputs
+from openai_compat.batch.store import OPEN_STATUSES, Progress, Store
 
 logger = logging.getLogger("openai_compat.batch")
 
@@ -161,7 +161,7 @@ class Runner:
         progress = await asyncio.to_thread(self.store.progress, batch_id)
         folder = self.store.batch_dir(batch_id)
         out_path, err_path = folder / "output.jsonl", folder / "errors.jsonl"
-        await asyncio.to_thread(_reopen, folder, (out_path, err_path), progress)
+        await asyncio.to_thread(reopen_outputs, folder, (out_path, err_path), progress)
         counts = obj["request_counts"]
         committed_line = await asyncio.to_thread(count_lines, input_path, progress.input_offset)
         with input_path.open("rb") as inp, out_path.open("ab") as out, err_path.open("ab") as err:
@@ -180,7 +180,7 @@ class Runner:
                         inp.seek(progress.input_offset)
                         expired = await asyncio.to_thread(expire_rest, inp, err, committed_line)
                         counts["failed"] += expired
-                        await asyncio.to_thread(_fsync_both, out, err)
+                        await asyncio.to_thread(fsync_both, out, err)
                         progress = Progress(
                             inp.tell(),
                             progress.lines_read + expired,
@@ -233,7 +233,7 @@ class Runner:
                         counts["completed" if ok else "failed"] += 1
                     out.flush()
                     err.flush()
-                    await asyncio.to_thread(_fsync_both, out, err)
+                    await asyncio.to_thread(fsync_both, out, err)
                     progress = Progress(
                         done.offset,
                         done.first + len(results),
@@ -375,35 +375,7 @@ class NoRoom(RuntimeError):
     committed so far."""
 
 
-class DataLost(RuntimeError):
-    """An output file is shorter than its committed size: the data dir lost what a commit
-    said was on disk. The batch fails; nothing is padded or made up."""
-
-
-def _reopen(folder: Path, paths: tuple[Path, Path], progress: Progress) -> None:
-    """The batch's output and error files at their committed sizes: what was written after
-    the last commit is cut (done again); a file shorter than committed is DataLost."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for path, size in zip(paths, (progress.output_bytes, progress.error_bytes), strict=True):
-        with path.open("ab") as f:
-            have = f.tell()
-            if have < size:
-                raise DataLost(
-                    f"{path.name} holds {have} bytes but {size} were committed: the data dir "
-                    "lost data (restored from an old backup, or a disk without fsync?)."
-                )
-            if have > size:
-                f.truncate(size)
-                os.fsync(f.fileno())
-    fsync_dir(folder)  # the files' names are as durable as their contents
-
-
 def _retrieve(task: asyncio.Future[Any]) -> None:
     """A dropped wave's outcome is not wanted (no 'exception never retrieved' warning)."""
     if not task.cancelled():
         task.exception()
-
-
-def _fsync_both(*files: BinaryIO) -> None:
-    for f in files:
-        os.fsync(f.fileno())
