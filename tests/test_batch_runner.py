@@ -626,3 +626,20 @@ async def test_the_service_enforces_the_line_timeout_through_asgi() -> None:
         await service._dispatch("/v1/embeddings", b"{}")
     assert time.monotonic() - started < 5
     await service._client.aclose()
+
+
+def test_the_ray_job_reads_lines_as_the_local_run_does() -> None:
+    from openai_compat.batch.ray_job import job_problem, split_lines
+    from openai_compat.settings import Settings
+
+    data = b'{"a": 1}\n\n  \n\xff bad\rutf-8\r\n{"b": 2}'
+    rows = split_lines({"bytes": data})
+    assert [(r["number"], r["line"]) for r in rows] == [
+        (1, b'{"a": 1}\n'),
+        (4, b"\xff bad\rutf-8\r\n"),  # a bare \r splits nothing, as in a file's lines
+        (5, b'{"b": 2}'),
+    ]
+    settings = Settings(batch_max_requests=2)
+    assert job_problem("/v1/embeddings", 2, settings) is None
+    assert "batch_max_requests" in (job_problem("/v1/embeddings", 3, settings) or "")
+    assert "endpoint must be one of" in (job_problem("/v1/chat/completions", 1, settings) or "")

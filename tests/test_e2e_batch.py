@@ -422,6 +422,7 @@ def test_ray_job_output_equals_the_local_run(tmp_path: Path) -> None:
     bodies = [{"model": MODEL, "input": [f"ray line {i}", f"second text {i}"]} for i in range(40)]
     lines = [_line(f"y{i}", b) for i, b in enumerate(bodies)]
     lines[10:10] = [b"not json", _line("y3", bodies[3]), _line("bad-url", bodies[0], url="/x")]
+    lines[20:20] = [b'{"custom_id": "\xff"}']  # an invalid UTF-8 byte fails its line alone
     source = tmp_path / "in.jsonl"
     source.write_bytes(b"\n".join(lines) + b"\n")
     local, ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
@@ -435,7 +436,7 @@ def test_ray_job_output_equals_the_local_run(tmp_path: Path) -> None:
     )
     log = second.communicate(timeout=600)[0].decode(errors="replace")
     assert second.returncode == 0, log[-3000:]
-    assert "40 lines ->" in log and "3 failed ->" in log
+    assert "40 lines ->" in log and "4 failed ->" in log
     deadline = time.monotonic() + 30  # actors exit gracefully, a moment after the driver
     while (left := _ray_workers() - before) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -460,9 +461,14 @@ def test_ray_job_output_equals_the_local_run(tmp_path: Path) -> None:
     errors = _jsonl((tmp_path / "ray.errors.jsonl").read_text())
     local_errors = _jsonl((tmp_path / "local.errors.jsonl").read_text())
     assert (
-        [(e["custom_id"], e["error"]["code"]) for e in errors]
-        == [(e["custom_id"], e["error"]["code"]) for e in local_errors]
-        == [(None, "invalid_json"), ("y3", "duplicate_custom_id"), ("bad-url", "invalid_url")]
+        [(e["custom_id"], e["error"]["code"], e["error"].get("line")) for e in errors]
+        == [(e["custom_id"], e["error"]["code"], e["error"].get("line")) for e in local_errors]
+        == [
+            (None, "invalid_json", 11),
+            ("y3", "duplicate_custom_id", 12),
+            ("bad-url", "invalid_url", 13),
+            (None, "invalid_json", 21),
+        ]
     )
 
 

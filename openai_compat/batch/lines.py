@@ -80,6 +80,13 @@ def _error(custom_id: Any, code: str, message: str, line: int | None = None) -> 
     )
 
 
+def duplicate_record(custom_id: str, number: int | None = None) -> LineResult:
+    """The record of a line whose custom_id an earlier line used."""
+    return _error(
+        custom_id, "duplicate_custom_id", f"custom_id {custom_id!r} was used before.", number
+    )
+
+
 def expired_record(custom_id: Any, number: int | None = None) -> LineResult:
     """The record of a line not run before its batch expired (OpenAI's wording and code)."""
     return _error(
@@ -107,9 +114,7 @@ async def run_line(
     if not isinstance(custom_id, str) or not custom_id:
         return _error(None, "missing_custom_id", f"{where} needs a string 'custom_id'.", number)
     if duplicate:
-        return _error(
-            custom_id, "duplicate_custom_id", f"custom_id {custom_id!r} was used before.", number
-        )
+        return duplicate_record(custom_id, number)
     if line.get("method") != "POST":
         return _error(custom_id, "invalid_method", "'method' must be 'POST'.", number)
     if line.get("url") != endpoint:

@@ -15,6 +15,7 @@ not resumable: rerun it whole (use the local CLI for resumable runs on one machi
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import sys
@@ -106,25 +107,60 @@ class LineWorker:
             )
         return resp.status_code, resp.content, resp.headers.get("x-request-id", "")
 
-    async def _line(self, raw: bytes, gate: asyncio.Semaphore) -> tuple[bool, str]:
+    async def _line(self, raw: bytes, number: int, gate: asyncio.Semaphore) -> tuple[bool, str]:
         from openai_compat.batch.lines import Retry, run_line
 
         async with gate:
             while True:
                 try:
-                    result = await run_line(raw, self.endpoint, False, self._dispatch)
+                    result = await run_line(raw, self.endpoint, False, self._dispatch, number)
                     return result.ok, result.encoded().decode()
                 except Retry:  # the replica's admission limit: wait for room
                     await asyncio.sleep(0.2)
 
-    async def _all(self, lines: list[bytes]) -> list[tuple[bool, str]]:
+    async def _all(self, lines: list[bytes], numbers: list[int]) -> list[tuple[bool, str]]:
         gate = asyncio.Semaphore(CONCURRENT_LINES)
-        return list(await asyncio.gather(*(self._line(raw, gate) for raw in lines)))
+        return list(
+            await asyncio.gather(
+                *(self._line(raw, n, gate) for raw, n in zip(lines, numbers, strict=True))
+            )
+        )
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
-        lines = [str(t).encode() for t in batch["text"]]
-        results = self.loop.run_until_complete(self._all(lines))
-        return {"ok": [ok for ok, _ in results], "record": [rec for _, rec in results]}
+        lines = [bytes(raw) for raw in batch["line"]]
+        numbers = [int(n) for n in batch["number"]]
+        results = self.loop.run_until_complete(self._all(lines, numbers))
+        return {
+            "ok": [ok for ok, _ in results],
+            "record": [rec for _, rec in results],
+            "number": numbers,
+        }
+
+
+def split_lines(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A whole input file (read as bytes: an invalid UTF-8 byte fails its own line, not the
+    job) -> its non-blank lines, each with its 1-based line number, as the local run reads."""
+    out = []
+    # split as a file object splits (on b"\n" only), as the local run reads its input
+    for number, raw in enumerate(io.BytesIO(bytes(row["bytes"])), start=1):
+        if raw.strip():
+            out.append({"line": raw, "number": number})
+    return out
+
+
+def job_problem(endpoint: str, requests: int, settings: Settings) -> str | None:
+    """Why the job cannot run, by the rules a local or server batch has: the endpoint, and
+    the most request lines one input may hold."""
+    from openai_compat.batch.lines import ENDPOINTS
+
+    if endpoint not in ENDPOINTS:
+        return f"endpoint must be one of {', '.join(ENDPOINTS)}"
+    if requests > settings.batch_max_requests:
+        return (
+            f"the input file has more than {settings.batch_max_requests} requests "
+            "(batch_max_requests)"
+        )
+    return None
 
 
 def run(
@@ -149,14 +185,22 @@ def run(
     from tqdm import tqdm
 
     from openai_compat.batch.cli import errors_path
+    from openai_compat.batch.lines import duplicate_record
 
     ray.init(address=address or None, include_dashboard=False, log_to_driver=False)
     try:
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True  # results come back in input order
         ctx.enable_progress_bars = False  # ours counts rows
+        if (problem := job_problem(endpoint, 0, settings)) is not None:
+            print(f"openai-compat batch: {problem}", file=sys.stderr)
+            return 2
         # reading is light: it must not wait for CPUs the actors hold
-        ds = ray.data.read_text(source, drop_empty_lines=True, num_cpus=0.1)
+        ds = ray.data.read_binary_files(source, num_cpus=0.1)
+        ds = ds.flat_map(split_lines, num_cpus=0.1).materialize()
+        if (problem := job_problem(endpoint, ds.count(), settings)) is not None:
+            print(f"openai-compat batch: the job failed: {problem}", file=sys.stderr)
+            return 1
         results = ds.map_batches(
             LineWorker,
             # the actors need no API key (lines reach their app in process): none is shipped
@@ -181,18 +225,7 @@ def run(
                 if isinstance(custom_id, str) and custom_id and custom_id in seen:
                     # as the local run: a custom_id used before fails that line
                     ok = False
-                    record = json.dumps(
-                        {
-                            "id": parsed["id"],
-                            "custom_id": custom_id,
-                            "response": None,
-                            "error": {
-                                "code": "duplicate_custom_id",
-                                "message": f"custom_id {custom_id!r} was used before.",
-                            },
-                        },
-                        separators=(",", ":"),
-                    )
+                    record = duplicate_record(custom_id, int(row["number"])).encoded().decode()
                 if isinstance(custom_id, str) and custom_id:
                     seen.add(custom_id)
                 (out if ok else err).write(record.encode() + b"\n")
