@@ -158,13 +158,20 @@ class TokenCounter:
 
     # ------------------------------------------------------------ blocking primitives
 
+    def _one(self, text: str, *, add_special_tokens: bool = True) -> Any:
+        """One text's encoding, untruncated. Through encode_batch: the tokenizers binding
+        releases the GIL there and not in encode, and a megabyte of text is hundreds of ms
+        of Rust that the event loop's thread must not wait out."""
+        (encoding,) = self._plain.encode_batch([text], add_special_tokens=add_special_tokens)
+        return encoding
+
     def _cut_after(self, text: str, n: int) -> int | None:
         """Character offset where the text's n-th content token ends, if it has more than n
         tokens (None otherwise); tokenises growing prefixes, never more than needed."""
         window = max(n, 1) * _CHARS_PER_TOKEN
         while True:
             whole = window >= len(text)
-            enc = self._plain.encode(text if whole else text[:window], add_special_tokens=False)
+            enc = self._one(text if whole else text[:window], add_special_tokens=False)
             complete = len(enc.ids) if whole else _before_last_word(enc.word_ids)
             if complete > n:
                 return int(enc.offsets[n - 1][1]) if n else 0
@@ -179,7 +186,7 @@ class TokenCounter:
         while True:
             whole = window >= len(text)
             start = 0 if whole else len(text) - window
-            enc = self._plain.encode(text[start:], add_special_tokens=False)
+            enc = self._one(text[start:], add_special_tokens=False)
             total = len(enc.ids)
             complete = total - (0 if whole else _after_first_word(enc.word_ids))
             if complete > n:
@@ -214,13 +221,13 @@ class TokenCounter:
         """Untruncated token count, for error messages (blocking: run it in a thread). Huge
         texts are counted in pieces split at whitespace."""
         if len(text) <= 4 * _COUNT_PIECE:
-            return len(self._plain.encode(text).ids)
+            return len(self._one(text).ids)
         total, start = self._specials, 0
         while start < len(text):
             end = min(len(text), start + _COUNT_PIECE)
             while end < len(text) and not text[end].isspace() and end - start < 2 * _COUNT_PIECE:
                 end += 1
-            total += len(self._plain.encode(text[start:end], add_special_tokens=False).ids)
+            total += len(self._one(text[start:end], add_special_tokens=False).ids)
             start = end
         return total
 
@@ -309,7 +316,7 @@ class TokenCounter:
             i = int(over[0])
             full = await asyncio.to_thread(self.full_length, prompted[i])
             raise too_long_error(names(i), full, limit)
-        used = len(self._plain.encode(prompt, add_special_tokens=False).ids) if prompt else 0
+        used = len(self._one(prompt, add_special_tokens=False).ids) if prompt else 0
         budget = max(limit - self._specials - used, 0)
 
         def cut() -> list[str]:
