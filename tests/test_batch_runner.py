@@ -24,30 +24,8 @@ LINES = 6
 def job(tmp_path: Path) -> tuple[Store, str]:
     """A store holding one in-progress-to-be batch of LINES embedding lines."""
     store = Store(tmp_path / "data")
-    source = tmp_path / "input.jsonl"
-    source.write_bytes(
-        b"\n".join(
-            orjson.dumps(
-                {
-                    "custom_id": f"c{i}",
-                    "method": "POST",
-                    "url": "/v1/embeddings",
-                    "body": {"model": "m", "input": [f"text {i}"]},
-                }
-            )
-            for i in range(LINES)
-        )
-    )
-    file_id = store.add_file(source, purpose="batch", filename="input.jsonl")["id"]
-    obj = batch_object(
-        input_file_id=file_id,
-        endpoint="/v1/embeddings",
-        completion_window="24h",
-        metadata=None,
-        now=int(time.time()),
-    )
-    store.add_batch(obj)
-    return store, obj["id"]
+    lines = [embedding_line(f"c{i}", {"model": "m", "input": [f"text {i}"]}) for i in range(LINES)]
+    return store, write_lines(store, tmp_path, lines)
 
 
 def output(store: Store, batch_id: str) -> list[dict[str, Any]]:

@@ -4,18 +4,16 @@ held by another process is waited for, and /ready says which (in-process app, de
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from asgi_lifespan import LifespanManager
 
-from openai_compat.app import create_app
 from openai_compat.batch import service as service_module
 from openai_compat.batch.store import Store
 from openai_compat.settings import ModelConfig, Settings
+from tests.utils import app_client
 
 
 @pytest.fixture(autouse=True)
@@ -24,20 +22,11 @@ def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(service_module, "STORE_RETRY_S", 0.05)
 
 
-async def _client(data: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(
+def _settings(data: Path) -> Settings:
+    return Settings(
         models=(ModelConfig(model="debug/engine", name="debug", engine="debugengine"),),
         data_dir=data,
     )
-    app = create_app(settings)
-    async with LifespanManager(app, startup_timeout=120) as manager:
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            for _ in range(600):
-                if (await client.get("/ready")).status_code == 200:
-                    break
-                await asyncio.sleep(0.05)
-            yield client
 
 
 async def _runner(client: httpx.AsyncClient, state: str) -> dict[str, Any]:
@@ -82,7 +71,7 @@ async def test_a_crashed_runner_is_restarted_and_ready_says_so(
 
     monkeypatch.setattr(Store, "open_batches", open_batches)
     monkeypatch.setattr(service_module, "RESTART_MIN_S", 0.3)  # long enough to be seen
-    async for client in _client(tmp_path / "data"):
+    async with app_client(_settings(tmp_path / "data")) as client:
         assert (await client.get("/ready")).json()["batch_runner"]["state"] == "idle"
         await client.get("/v1/files")  # reading creates nothing: still idle
         await _run_one_batch_started(client)
@@ -105,7 +94,7 @@ async def _run_one_batch_started(client: httpx.AsyncClient) -> None:
 async def test_a_runner_waits_for_a_data_dir_another_process_holds(tmp_path: Path) -> None:
     data = tmp_path / "data"
     holder = Store(data)  # another server's store: it holds the data dir's lock
-    async for client in _client(data):
+    async with app_client(_settings(data)) as client:
         status = await _runner(client, "waiting_for_data_dir")
         assert "in use by another openai-compat process" in status["error"]
         holder.close()  # that server stopped

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +164,24 @@ def server_with(
     config = write_config(folder / "models.toml", models, **options)
     with RemoteServer(["--config", str(config), *args]) as server:
         yield server
+
+
+@contextlib.asynccontextmanager
+async def app_client(settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """An in-process app on `settings` with its lifespan run, and a client for it, once
+    /ready answers 200."""
+    import asyncio
+
+    from asgi_lifespan import LifespanManager
+
+    from openai_compat.app import create_app
+
+    app = create_app(settings)
+    async with LifespanManager(app, startup_timeout=120) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            for _ in range(600):
+                if (await client.get("/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            yield client
