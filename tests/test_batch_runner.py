@@ -621,3 +621,35 @@ def test_the_ray_job_reads_lines_as_the_local_run_does() -> None:
     assert job_problem("/v1/embeddings", 2, settings) is None
     assert "batch_max_requests" in (job_problem("/v1/embeddings", 3, settings) or "")
     assert "endpoint must be one of" in (job_problem("/v1/chat/completions", 1, settings) or "")
+
+
+async def test_store_commits_never_run_on_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every commit waits for the disk (fsync): a slow one (0.3 s here) must not stall the
+    loop that serves live requests (each wave's commit ran on it, 537 ms with big metadata)."""
+    store, batch_id = job(tmp_path)
+    for name in ("commit_wave", "save"):
+        real = getattr(store, name)
+
+        def slow(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            time.sleep(0.3)  # a slow disk
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, slow)
+    lags: list[float] = []
+    running = True
+
+    async def ticker() -> None:
+        while running:
+            started = time.perf_counter()
+            await asyncio.sleep(0.01)
+            lags.append(time.perf_counter() - started - 0.01)
+
+    tick = asyncio.create_task(ticker())
+    await Runner(lambda: store, echo, Gate(), max_requests=100).run(batch_id)
+    running = False
+    await tick
+    assert len(output(store, batch_id)) == LINES
+    assert max(lags) < 0.15, sorted(lags)[-3:]
+    store.close()
