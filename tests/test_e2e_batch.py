@@ -323,8 +323,15 @@ def _cli(
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        # Ctrl-C as a user's terminal delivers it, however this suite was started: a suite
+        # run under nohup or as a background job ignores SIGINT, and children inherit that.
+        preexec_fn=_default_sigint,
         **kw,
     )
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_cli_output_equals_the_servers(srv: RemoteServer, tmp_path: Path) -> None:
