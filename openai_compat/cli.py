@@ -145,19 +145,28 @@ def download(settings: Settings) -> int:
 
     from openai_compat.engine import backends
 
+    failed = 0
     for model in settings.served_models():
         source = model.source
-        if Path(source).exists():
-            print(f"{model.served_name}: local folder {source}, nothing to download")
-        else:
-            path = snapshot_download(source, revision=model.revision)
-            print(f"{model.served_name}: {source} -> {path}")
-        if model.engine in BACKENDS:
-            export = backends.prepare_for(model, settings.exports())
+        try:
+            if Path(source).exists():
+                print(f"{model.served_name}: local folder {source}, nothing to download")
+            else:
+                path = snapshot_download(source, revision=model.revision)
+                print(f"{model.served_name}: {source} -> {path}")
+            if model.engine in BACKENDS:
+                export = backends.prepare_for(model, settings.exports())
+                where = export.folder / export.file_name
+                print(f"{model.served_name}: {model.engine} export -> {where}")
+        except Exception as exc:  # offline, unknown repo, no space...: one line, not a trace
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             print(
-                f"{model.served_name}: {model.engine} export -> {export.folder / export.file_name}"
+                f"openai-compat download: {model.served_name} ({source}): "
+                f"{type(exc).__name__}: {reason}",
+                file=sys.stderr,
             )
-    return 0
+            failed += 1
+    return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -190,3 +190,37 @@ def test_a_blank_api_key_stops_the_cli_with_status_2(capsys: pytest.CaptureFixtu
         main(["serve", "--api-key", ""])
     assert info.value.code == 2
     assert "API key #1 is empty" in capsys.readouterr().err
+
+
+def test_download_of_a_model_it_cannot_reach_says_so_in_one_line(tmp_path: Path) -> None:
+    """Offline (no model hub here), `download` names the model and why in one line, exits 1,
+    and still handles the models it can (a local folder)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.utils import ROOT, SERVER_ENV
+
+    env = {**os.environ, **SERVER_ENV, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "openai_compat",
+            "download",
+            "--model",
+            "missing=org/not-in-any-cache",
+            "--model",
+            f"local={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("openai-compat download: missing (org/not-in-any-cache): ")
+    assert f"local: local folder {tmp_path}, nothing to download" in proc.stdout
