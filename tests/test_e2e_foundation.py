@@ -120,7 +120,11 @@ def test_health_and_ready_while_loading_then_ready() -> None:
                 time.sleep(0.05)
                 continue
             assert ready.status_code == 200
-            assert ready.json() == {"status": "ready", "models": ["all-MiniLM-L6-v2"]}
+            assert ready.json() == {
+                "status": "ready",
+                "models": ["all-MiniLM-L6-v2"],
+                "batch_runner": {"state": "idle", "restarts": 0},  # no Batch API use yet
+            }
             assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
             break
         else:
