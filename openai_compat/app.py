@@ -12,28 +12,16 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
-from pydantic import BaseModel
 
 from openai_compat import __version__, logs
-from openai_compat.api import playground, probes, shared, vllm
+from openai_compat.api import docs, playground, probes, shared, vllm
 from openai_compat.api.cohere import embed as cohere_embed
 from openai_compat.api.cohere import rerank
-from openai_compat.api.cohere.protocol import (
-    EmbedRequestV1,
-    EmbedRequestV2,
-    RerankRequest,
-    RerankRequestV2,
-)
 from openai_compat.api.infinity import routes as infinity_routes
 from openai_compat.api.openai import classify, embeddings, models
+from openai_compat.api.request import DOCUMENTED_BODIES
 from openai_compat.api.tei import routes as tei_routes
 from openai_compat.api.tutorial import routes as tutorial
-from openai_compat.api.tutorial.protocol import (
-    TutorialClassifyRequest,
-    TutorialEmbedRequest,
-    TutorialImageEmbedRequest,
-    TutorialRerankRequest,
-)
 from openai_compat.batch import routes as batch_routes
 from openai_compat.batch.service import BatchService
 from openai_compat.bodies import BodyParser
@@ -43,26 +31,10 @@ from openai_compat.loading import load_models, stop_engines
 from openai_compat.media import MediaFetcher
 from openai_compat.metrics import Metrics
 from openai_compat.middleware import FastPathMiddleware, GatewayMiddleware, fast_path_table
-from openai_compat.protocol import ClassifyRequest, EmbeddingRequest
 from openai_compat.registry import EngineFailure, Registry
 from openai_compat.settings import Settings
 
 logger = logging.getLogger("openai_compat")
-
-# Request bodies that routes parse themselves (api.request.read_body); custom_openapi
-# publishes their schemas.
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (
-    EmbeddingRequest,
-    RerankRequest,
-    RerankRequestV2,
-    ClassifyRequest,
-    EmbedRequestV1,
-    EmbedRequestV2,
-    TutorialEmbedRequest,
-    TutorialImageEmbedRequest,
-    TutorialRerankRequest,
-    TutorialClassifyRequest,
-)
 
 
 async def _load(registry: Registry, lifecycle: Lifecycle, settings: Settings) -> None:
@@ -127,6 +99,9 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         version=__version__,
         summary="OpenAI- and Cohere-compatible embeddings, rerank and classify server.",
         lifespan=lifespan,
+        # /docs and /redoc are ours (api/docs.py): FastAPI's load their code from a CDN
+        docs_url=None,
+        redoc_url=None,
         telemetry=None if settings.otel else {"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
@@ -145,6 +120,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     mounted = [
         (probes.router, "", True),
         (playground.router, "", False),
+        (docs.router, "", False),
         (rerank.router, "", True),
         (cohere_embed.router, "", True),
         (models.router, "/v1", True),
@@ -190,7 +166,8 @@ def custom_openapi(app: FastAPI) -> dict[str, Any]:
         title=app.title, version=app.version, summary=app.summary, routes=app.routes
     )
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in REQUEST_MODELS:
+    # every body a route documents (api.request.body_openapi), so no $ref dangles
+    for model in DOCUMENTED_BODIES.values():
         body = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(body.pop("$defs", {}))
         components[model.__name__] = body

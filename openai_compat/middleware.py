@@ -42,11 +42,13 @@ access_logger = logging.getLogger("openai_compat.access")
 
 # Probes stay answerable while draining, need no key and are not counted as work.
 PROBE_PATHS = frozenset({"/health", "/ready"})
-DOC_PATHS = frozenset({"/metrics", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"})
+DOC_PATHS = frozenset({"/metrics", "/docs", "/redoc", "/openapi.json"})
 # The playground's static page and assets, and GET / that links to it: they hold no data (the
 # page asks for the key and sends it with its API calls), so a browser can always load them.
 UPLOAD_PATHS = frozenset({"/v1/files", "/files"})
 PAGE_PATHS = frozenset({"/", "/playground", "/playground/app.js", "/playground/app.css"})
+# The docs pages' UI code (api/docs.py): public, holds no data.
+DOC_ASSETS_PREFIX = "/docs/assets/"
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 
 
@@ -165,7 +167,8 @@ class GatewayMiddleware:
             self._record(scope, path, status, start)
 
     def _refuse(self, scope: Scope, path: str) -> tuple[str, APIError] | None:
-        open_page = path in PAGE_PATHS and scope["method"] in ("GET", "HEAD")
+        page = path in PAGE_PATHS or path.startswith(DOC_ASSETS_PREFIX)
+        open_page = page and scope["method"] in ("GET", "HEAD")
         if (
             self.keys
             and path not in self.open_paths

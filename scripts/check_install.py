@@ -100,10 +100,16 @@ def serve_and_check(venv: Path, cwd: Path, data_home: Path, label: str) -> None:
         if abs(cosine - EXPECTED_COSINE) > 5e-4:
             raise SystemExit(f"[{label}] cosine {cosine:.4f}, expected {EXPECTED_COSINE}")
         print(f"[{label}] /v1/embeddings: 2 x 384 floats, cosine {cosine:.4f}", flush=True)
-        # package data (the playground page) came along
-        with urllib.request.urlopen(base + "/playground", timeout=10) as page:
-            if b"<html" not in page.read(4096).lower():
-                raise SystemExit(f"[{label}] /playground is not the page")
+        # package data came along: the playground page, the docs pages' own script, and the
+        # Swagger UI build the runtime dependencies bring
+        for path, marker in (
+            ("/playground", b"<html"),
+            ("/docs/assets/swagger-init.js", b"SwaggerUIBundle"),
+            ("/docs/assets/swagger-ui-bundle.js", b"SwaggerUI"),
+        ):
+            with urllib.request.urlopen(base + path, timeout=10) as page:
+                if marker.lower() not in page.read(1 << 20).lower():
+                    raise SystemExit(f"[{label}] {path} is not what it should be")
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=STOP_TIMEOUT)
         if code != 0:

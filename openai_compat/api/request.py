@@ -53,8 +53,16 @@ async def read_body(request: Request, model: type[M] | Chooser) -> M:
     return parsed
 
 
+# Every request model a route documents with body_openapi, in order: app.custom_openapi
+# publishes their schemas, so no $ref the routes make can dangle. Filled as routes are
+# declared (import time), read when the schema is built.
+DOCUMENTED_BODIES: dict[str, type[BaseModel]] = {}
+
+
 def body_openapi(*models: type[BaseModel]) -> dict[str, Any]:
     """`openapi_extra` documenting a body read by read_body (see app.custom_openapi)."""
+    for model in models:
+        DOCUMENTED_BODIES.setdefault(model.__name__, model)
     refs = [{"$ref": f"#/components/schemas/{m.__name__}"} for m in models]
     schema = refs[0] if len(refs) == 1 else {"oneOf": refs}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
