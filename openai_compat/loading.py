@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from openai_compat.compact import CALIBRATION_TEXTS, Quantizer
-from openai_compat.engine import adapter, backends, splade
+from openai_compat.engine import adapter, backends, pooling, splade
 from openai_compat.engine.feeder import Feeder
 from openai_compat.lifecycle import in_daemon_thread
 from openai_compat.prompts import Prompts
@@ -88,6 +88,7 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
         if sparse:
             splade.serve_sparse(replica, config.source, config.trust_remote_code)
         adapter.apply_max_length(replica, config.max_length)
+        pooling.apply_pooling(replica, config.pooling_method, sparse=sparse)
     except ValueError as exc:
         raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
     return engine

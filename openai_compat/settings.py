@@ -79,7 +79,11 @@ class ModelConfig(BaseModel):
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     trust_remote_code: bool = Field(False, description="Run code shipped with the model.")
     dtype: str = Field("auto", description="float32, float16, bfloat16, int8, fp8 or auto.")
-    pooling_method: str = Field("auto", description="mean, cls or auto.")
+    pooling_method: Literal["auto", "mean", "cls"] = Field(
+        "auto",
+        description="Embedding models: pool token vectors by their mean or take the first "
+        "(CLS) token's, instead of what the model folder says (auto).",
+    )
     model_warmup: bool = Field(True, description="Warm the model up before /ready turns 200.")
     wave_batching: bool = Field(
         True,
