@@ -6,6 +6,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,3 +212,18 @@ def direct_models(trained_models: dict[str, Path], tiny_media_models: dict[str, 
         return v / np.linalg.norm(v)
 
     return {"rerank": rerank, "classify": classify, "clip_text": clip_text}
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's chromium, headless, driven by Playwright (no browser download)."""
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), "Debian's chromium is needed: apt-get install chromium"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()

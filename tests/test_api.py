@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
 import numpy as np
 import pytest
-from asgi_lifespan import LifespanManager
 
-from openai_compat.app import create_app
 from openai_compat.encoding import decode_base64_embedding
 from openai_compat.settings import ModelConfig, Settings
+from tests.utils import app_client
 
 
 @pytest.fixture
@@ -21,15 +19,8 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         models=(ModelConfig(model="debug/engine", name="debug", engine="debugengine"),),
         max_inputs_per_request=4,
     )
-    app = create_app(settings)
-    async with LifespanManager(app, startup_timeout=120) as manager:
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
-            for _ in range(600):
-                if (await c.get("/ready")).status_code == 200:
-                    break
-                await asyncio.sleep(0.05)
-            yield c
+    async with app_client(settings) as c:
+        yield c
 
 
 async def test_debugengine_embeddings_round_trip(client: httpx.AsyncClient) -> None:

@@ -4,9 +4,7 @@ console stays clean (a Content-Security-Policy violation would show there)."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,7 +15,6 @@ from tests.utils import ROOT, RemoteServer, server_with
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts" / "docs"
 KEY = "docs-secret"
 
@@ -28,17 +25,6 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteServer]:
     args = ["--api-key", KEY]  # docs stay readable without it (protect_docs_and_metrics off)
     with server_with(tmp_path_factory.mktemp("docs-cfg"), debug, args) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    assert Path(CHROMIUM).exists(), "Debian's chromium is needed: apt-get install chromium"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 def _offline_page(browser: Any, srv: RemoteServer) -> tuple[Any, list[str], list[str]]:

@@ -60,6 +60,23 @@ def _probe_while(srv: RemoteServer, work: threading.Thread) -> list[float]:
     return latencies
 
 
+def _post_probed(
+    srv: RemoteServer, url: str, **kwargs: object
+) -> tuple[httpx.Response, list[float]]:
+    """POST in a thread while /health is probed: the answer, and the probes' latencies."""
+    result: list[httpx.Response] = []
+
+    def work() -> None:
+        result.append(httpx.post(url, timeout=300, **kwargs))  # type: ignore[arg-type]
+
+    latencies = _probe_while(srv, threading.Thread(target=work))
+    (response,) = result
+    return response, latencies
+
+
+JSON = {"Content-Type": "application/json"}
+
+
 @pytest.mark.parametrize("kind", ["long texts", "token ids"])
 def test_health_answers_within_100ms_during_a_maximum_size_request(
     server: RemoteServer, kind: str
@@ -71,20 +88,8 @@ def test_health_answers_within_100ms_during_a_maximum_size_request(
     body = {"model": MODEL, "input": payload, "encoding_format": "base64"}
     content = orjson.dumps(body)  # compact, as every httpx release since 0.28 writes JSON
     assert BODY_LIMIT * 0.9 < len(content) <= BODY_LIMIT  # as big as this server takes
-    result: list[httpx.Response] = []
-
-    def work() -> None:
-        result.append(
-            httpx.post(
-                server.base_url + "/embeddings",
-                content=content,
-                headers={"Content-Type": "application/json"},
-                timeout=300,
-            )
-        )
-
-    latencies = _probe_while(server, threading.Thread(target=work))
-    (response,) = result
+    url = server.base_url + "/embeddings"
+    response, latencies = _post_probed(server, url, content=content, headers=JSON)
     assert response.status_code == 200, response.text[:500]
     data = response.json()
     assert len(data["data"]) == len(payload)
@@ -170,13 +175,7 @@ def test_tokenize_of_the_largest_prompt_keeps_health_fast(
     character more is refused before any work, in the route's own error body."""
     text = ("tokenization " * 11_000)[:131_072]
     body = {field: text, "model": MODEL} if field == "prompt" else {field: text}
-    result: list[httpx.Response] = []
-
-    def work() -> None:
-        result.append(httpx.post(server.url + path, json=body, timeout=300))
-
-    latencies = _probe_while(server, threading.Thread(target=work))
-    (response,) = result
+    response, latencies = _post_probed(server, server.url + path, json=body)
     assert response.status_code == 200, response.text[:300]
     _assert_probes_fast(latencies)
     body[field] = text + "x"
@@ -213,19 +212,7 @@ def test_health_answers_within_100ms_with_truncation_off(
         payload = [f"{i} " + "x" * 990_000 for i in range(16)]
     content = orjson.dumps({"model": MODEL, "input": payload})
     assert BODY_LIMIT * 0.9 < len(content) <= BODY_LIMIT
-    result: list[httpx.Response] = []
-
-    def work() -> None:
-        result.append(
-            httpx.post(
-                strict_server.base_url + "/embeddings",
-                content=content,
-                headers={"Content-Type": "application/json"},
-                timeout=300,
-            )
-        )
-
-    latencies = _probe_while(strict_server, threading.Thread(target=work))
-    (response,) = result
+    url = strict_server.base_url + "/embeddings"
+    response, latencies = _post_probed(strict_server, url, content=content, headers=JSON)
     assert response.status_code == status, response.text[:300]
     _assert_probes_fast(latencies)

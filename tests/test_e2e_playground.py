@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,6 @@ from tests.utils import ROOT, RemoteServer, server_with
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts" / "playground"
 KEY = "playground-secret"
 
@@ -51,17 +49,6 @@ def srv(
     folder = tmp_path_factory.mktemp("cfg")
     with server_with(folder, models, ["--data-dir", str(data)]) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    assert Path(CHROMIUM).exists(), "Debian's chromium is needed: apt-get install chromium"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 class Page:

@@ -65,7 +65,7 @@ class LineWorker:
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=self.app, raise_app_exceptions=False),
             base_url="http://batch.internal",
-            timeout=600,
+            timeout=self.line_timeout,
         )
 
     async def _start(self) -> None:
