@@ -220,18 +220,41 @@ class Registry:
             )
         return entry
 
-    def by_index(self, index: int, capability: Capability) -> ModelEntry:
-        """The tutorial's routes pick models by position in the configured list."""
+    def by_index(self, index: int | None, capability: Capability, position: int) -> ModelEntry:
+        """The tutorial's routes pick models by position in the configured list. Without an
+        index, the tutorial's `position` for the capability (configs/production.toml's
+        order) when the model there can; else this server's default for the capability, so
+        the routes work on any server (the default one serves a single text model)."""
         param = "model_index"
+        if index is None:
+            at = self._order[position] if position < len(self._order) else None
+            if at is not None and capability in self._entries[at].capabilities:
+                return self._entries[at]
+            if capability in self._defaults:
+                return self._defaults[capability]
+            raise BadRequest(
+                f"No served model can {_VERB[capability]}. The tutorial's routes expect its "
+                f"model list (configs/production.toml: {TUTORIAL_ORDER}); this server serves "
+                f"{self._listing()}.",
+                param=param,
+                code="model_not_supported",
+            )
         if not 0 <= index < len(self._order):
             raise BadRequest(
                 f"{param} {index} is out of range: {len(self._order)} model(s) are served "
-                f"({', '.join(f'{i}={n}' for i, n in enumerate(self._order))}).",
+                f"({self._listing()}). The tutorial's indices follow configs/production.toml: "
+                f"{TUTORIAL_ORDER}.",
                 param=param,
                 code="invalid_model_index",
             )
         return self.require(self._order[index], capability)
 
+    def _listing(self) -> str:
+        return ", ".join(f"{i}={n}" for i, n in enumerate(self._order))
+
+
+# The tutorial's model positions (configs/production.toml), named in its routes' errors.
+TUTORIAL_ORDER = "0 CLIP, 1 text embeddings, 2 reranker, 3 classifier"
 
 _VERB: dict[str, str] = {
     "embed": "embed text",

@@ -89,3 +89,20 @@ def test_wrong_capability_and_bad_bodies(multi_server: RemoteServer) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "query"
     r = httpx.post(multi_server.url + "/classify", content=b"{nope")
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+
+
+def test_default_server_without_model_index(server: RemoteServer, st_model) -> None:  # type: ignore[no-untyped-def]
+    """The default server serves one text model: the tutorial's position 1 does not exist, so
+    /embed uses the default embedder (it said "model_index 1 is out of range" before)."""
+    sentences = ["A man is eating food."]
+    r = _post(server, "/embed", {"sentences": sentences})
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "all-MiniLM-L6-v2"
+    want = st_model.encode(sentences, normalize_embeddings=True)
+    assert np.max(np.abs(np.asarray(r.json()["embeddings"]) - want)) < 1e-5
+    # Nothing here can classify: the error says which model list the tutorial expects.
+    r = _post(server, "/classify", {"sentences": ["I love it"]})
+    assert r.status_code == 400
+    assert "configs/production.toml" in r.json()["error"]["message"]
+    r = _post(server, "/embed", {"sentences": ["x"], "model_index": 1})
+    assert r.status_code == 400 and "0 CLIP, 1 text embeddings" in r.json()["error"]["message"]

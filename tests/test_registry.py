@@ -57,10 +57,29 @@ def test_duplicates_are_refused() -> None:
 
 
 def test_by_index_follows_config_order(registry: Registry) -> None:
-    assert registry.by_index(1, "rerank").name == "reranker"
+    assert registry.by_index(1, "rerank", 2).name == "reranker"
     with pytest.raises(BadRequest) as info:
-        registry.by_index(2, "rerank")
+        registry.by_index(2, "rerank", 2)
     assert info.value.param == "model_index" and "0=emb" in info.value.message
+    assert "configs/production.toml" in info.value.message
+
+
+def test_by_index_without_index_uses_the_tutorial_position_else_the_default() -> None:
+    emb = ModelConfig(model="org/emb")
+    rr = ModelConfig(model="org/rr", name="reranker")
+    reg = Registry([emb, rr])
+    reg.add(_entry(emb, "embed", "rerank"))
+    reg.add(_entry(rr, "rerank"))
+    reg.choose_defaults({})
+    # Position 1 (the tutorial's text model) is the reranker here: it cannot embed, so the
+    # server's default embedder answers; position 1 can rerank, so it is used as such.
+    assert reg.by_index(None, "embed", 1).name == "emb"
+    assert reg.by_index(None, "rerank", 1).name == "reranker"
+    # No position 2 here: the default reranker.
+    assert reg.by_index(None, "rerank", 2).name == "emb"
+    with pytest.raises(BadRequest) as info:
+        reg.by_index(None, "classify", 3)
+    assert info.value.code == "model_not_supported" and "0 CLIP" in info.value.message
 
 
 def test_incomplete_while_loading() -> None:
