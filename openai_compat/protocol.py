@@ -220,6 +220,10 @@ class HealthResponse(BaseModel):
 class BatchRunnerStatus(BaseModel):
     state: Literal["idle", "running", "restarting", "waiting_for_data_dir"]
     restarts: int
+    pending_other_models: int = Field(
+        description="Open batches left pending: their lines need models this server does not "
+        "serve (each says which in its pending_reason)."
+    )
     error: str | None = None
 
 

@@ -653,3 +653,63 @@ async def test_store_commits_never_run_on_the_event_loop(
     assert len(output(store, batch_id)) == LINES
     assert max(lags) < 0.15, sorted(lags)[-3:]
     store.close()
+
+
+async def test_a_batch_needing_models_this_server_lacks_stays_pending(tmp_path: Path) -> None:
+    """Submitted where 'm' was served; a server serving only 'x' leaves it in_progress with a
+    pending_reason and sends nothing; a server serving 'm' then runs it. A line naming a model
+    the submitting server did not serve either ('typo') does not hold the batch back."""
+    store = Store(tmp_path / "data")
+    source = tmp_path / "lines.jsonl"
+    lines = [embedding_line(f"c{i}", {"model": "m", "input": f"t{i}"}) for i in range(3)]
+    lines.append(embedding_line("c3", {"model": "typo", "input": "t3"}))
+    source.write_bytes(b"\n".join(lines) + b"\n")
+    file_id = store.add_file(source, purpose="batch", filename="lines.jsonl")["id"]
+    obj = batch_object(
+        input_file_id=file_id,
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+        metadata=None,
+        now=int(time.time()),
+    )
+    store.add_batch(obj, served=["m", "x"])
+    sent: list[str] = []
+
+    async def dispatch(url: str, body: bytes) -> tuple[int, bytes, str]:
+        sent.append(orjson.loads(body)["model"])
+        return await echo(url, body)
+
+    other = Runner(lambda: store, dispatch, Gate(), 100, served=lambda: frozenset({"x"}))
+    await other.run(obj["id"])
+    await other.run(obj["id"])  # again: nothing sent, the reason saved once
+    pending = store.batch(obj["id"])
+    assert pending is not None and pending["status"] == "in_progress" and sent == []
+    assert pending["request_counts"]["total"] == 4  # validated: it knows its lines
+    assert "'m'" in pending["pending_reason"] and other.pending.waiting == {obj["id"]: ["m"]}
+    assert store.needs(obj["id"]) == frozenset({"m"})
+
+    right = Runner(lambda: store, dispatch, Gate(), 100, served=lambda: frozenset({"m"}))
+    await right.run(obj["id"])
+    done = store.batch(obj["id"])
+    assert done is not None and done["status"] == "completed", done
+    assert "pending_reason" not in done and right.pending.waiting == {}
+    assert sent == ["m", "m", "m", "typo"]
+
+
+async def test_an_expired_pending_batch_expires_without_its_models(tmp_path: Path) -> None:
+    store = Store(tmp_path / "data")
+    source = tmp_path / "lines.jsonl"
+    source.write_bytes(embedding_line("a", {"model": "m", "input": "t"}) + b"\n")
+    file_id = store.add_file(source, purpose="batch", filename="lines.jsonl")["id"]
+    obj = batch_object(
+        input_file_id=file_id,
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+        metadata=None,
+        now=int(time.time()) - 25 * 3600,
+    )
+    store.add_batch(obj, served=["m"])
+    await Runner(lambda: store, echo, Gate(), 100, served=lambda: frozenset()).run(obj["id"])
+    done = store.batch(obj["id"])
+    assert done is not None and done["status"] == "expired"
+    assert errors(store, obj["id"])[0]["error"]["code"] == "batch_expired"

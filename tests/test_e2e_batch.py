@@ -307,6 +307,47 @@ def test_a_job_survives_kill_9_without_losing_or_repeating_a_line(tmp_path: Path
         assert o["response"]["body"]["data"][0]["embedding"][0] == i % 50 + 1
 
 
+def test_a_server_with_other_models_leaves_the_job_pending(tmp_path: Path) -> None:
+    """A quick experiment on the same data dir (the default server: MiniLM only) must not
+    adopt a job for 'debug' and fail its lines with 404: it stays in_progress, says why,
+    and the next server that serves 'debug' finishes it."""
+    data = tmp_path / "data"
+    n = 600
+    content = b"\n".join(_line(f"k{i}", {"model": "debug", "input": "x" * 5}) for i in range(n))
+    srv = _debug_server(data)
+    try:
+        client = _client(srv)
+        up = client.files.create(file=("k.jsonl", content), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=up.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        deadline = time.monotonic() + 120
+        while client.batches.retrieve(batch.id).request_counts.completed < 50:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        srv.signal(signal.SIGKILL)
+        srv.proc.wait(10)
+    finally:
+        srv.stop()
+    with RemoteServer(["--data-dir", str(data)]) as other:
+        client = _client(other)
+        deadline = time.monotonic() + 60
+        while httpx.get(other.url + "/ready").json()["batch_runner"]["pending_other_models"] != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        waiting = client.batches.retrieve(batch.id)
+        time.sleep(1.5)  # the runner's loop comes round again: still nothing run
+        again = client.batches.retrieve(batch.id)
+        assert again.status == "in_progress" and again.request_counts.failed == 0
+        assert again.request_counts.completed == waiting.request_counts.completed < n
+        assert "'debug'" in (again.model_extra or {})["pending_reason"]
+    with _debug_server(data) as back:
+        client = _client(back)
+        done = _wait(client, batch.id, timeout=300)
+        assert done.status == "completed" and done.request_counts.completed == n
+        assert "pending_reason" not in (done.model_extra or {})
+
+
 # ---------------------------------------------------------------- the CLI
 
 

@@ -123,7 +123,8 @@ def test_health_and_ready_while_loading_then_ready() -> None:
             assert ready.json() == {
                 "status": "ready",
                 "models": ["all-MiniLM-L6-v2"],
-                "batch_runner": {"state": "idle", "restarts": 0},  # no Batch API use yet
+                # no Batch API use yet
+                "batch_runner": {"state": "idle", "restarts": 0, "pending_other_models": 0},
             }
             assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
             break

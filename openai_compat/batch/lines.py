@@ -40,28 +40,38 @@ class LineResult:
         return orjson.dumps(self.record)
 
 
-def scan(path: Path, limit: int) -> tuple[int, frozenset[int]]:
-    """Non-blank lines of an input file, and the line numbers (0-based, blank lines not
-    counted) whose custom_id an earlier line already used. Stops counting past `limit`."""
+def scan(
+    path: Path, limit: int, served: frozenset[str] | None = None
+) -> tuple[int, frozenset[int], frozenset[str]]:
+    """Non-blank lines of an input file; the line numbers (0-based, blank lines not counted)
+    whose custom_id an earlier line already used; and which of the `served` model names the
+    lines' bodies name (bounded by `served`: other names are not kept). Stops counting past
+    `limit`."""
     seen: set[str] = set()
     duplicates: set[int] = set()
+    models: set[str] = set()
     n = 0
     with path.open("rb") as f:
         for raw in f:
             if not raw.strip():
                 continue
             try:
-                custom_id = orjson.loads(raw).get("custom_id")
+                line = orjson.loads(raw)
+                custom_id = line.get("custom_id")
+                body = line.get("body")
+                model = body.get("model") if isinstance(body, dict) else None
             except (ValueError, AttributeError):
-                custom_id = None
+                custom_id = model = None
             if isinstance(custom_id, str):
                 if custom_id in seen:
                     duplicates.add(n)
                 seen.add(custom_id)
+            if served is not None and isinstance(model, str) and model in served:
+                models.add(model)
             n += 1
             if n > limit:
                 break
-    return n, frozenset(duplicates)
+    return n, frozenset(duplicates), frozenset(models)
 
 
 def _error(custom_id: Any, code: str, message: str, line: int | None = None) -> LineResult:

@@ -36,6 +36,7 @@ from openai_compat.batch.lines import (
     scan,
 )
 from openai_compat.batch.outputs import DataLost, fsync_both, reopen_outputs
+from openai_compat.batch.pending import Pending
 from openai_compat.batch.store import OPEN_STATUSES, Progress, Store
 
 logger = logging.getLogger("openai_compat.batch")
@@ -78,15 +79,20 @@ class Runner:
         gate: Gate,
         max_requests: int,
         admission: int = 0,
+        served: Callable[[], frozenset[str]] | None = None,
     ) -> None:
         """`admission`: the inputs a model admits at once (--max-queued-inputs; 0 = no
-        limit): no wave holds more, unless it is one line."""
+        limit): no wave holds more, unless it is one line. `served`: the model names this
+        server serves; a batch whose lines need others (served where it was submitted) stays
+        pending, with a `pending_reason`, until a server that serves them opens the data dir
+        (None: run every batch)."""
         self._store = store  # opened on first use (an app that never runs a batch opens none)
         self.dispatch = dispatch
         self.gate = gate
         self.max_requests = max_requests
         self.wave_inputs = min(WAVE_INPUTS, admission) if admission else WAVE_INPUTS
         self.wake = asyncio.Event()
+        self.pending = Pending(served)
 
     @property
     def store(self) -> Store:
@@ -134,14 +140,20 @@ class Runner:
             if input_path is None or not input_path.exists():
                 message = "The input file was deleted."
                 return await asyncio.to_thread(self._fail, batch_id, "file_not_found", message)
-            total, duplicates = await asyncio.to_thread(scan, input_path, self.max_requests)
+            served = await asyncio.to_thread(store.served_at_submit, batch_id)
+            total, duplicates, models = await asyncio.to_thread(
+                scan, input_path, self.max_requests, served
+            )
             if total > self.max_requests:
                 message = f"The input file has more than {self.max_requests} requests."
                 return await asyncio.to_thread(self._fail, batch_id, "too_many_requests", message)
+            await asyncio.to_thread(store.set_needs, batch_id, models)
             obj["status"], obj["in_progress_at"] = "in_progress", int(time.time())
             obj["request_counts"]["total"] = total
             await asyncio.to_thread(store.save, obj, Progress(duplicates=duplicates))
             obj = await asyncio.to_thread(store.batch, batch_id) or obj
+        if obj["status"] == "in_progress" and not await self.pending.may_run(store, obj):
+            return  # pending: another server's models
         if obj["status"] in ("in_progress", "cancelling") and input_path is not None:
             try:
                 finished = await self._lines(obj, input_path)

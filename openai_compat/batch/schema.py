@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 # Schema versions, applied in order to a database whose PRAGMA user_version is lower, each in
@@ -47,8 +49,34 @@ UPDATE batches SET
 ALTER TABLE batches ADD COLUMN owner TEXT NOT NULL DEFAULT '';
 ALTER TABLE files ADD COLUMN owner TEXT NOT NULL DEFAULT '';
 """
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+# Version 3: which models a batch needs, so that a server started with other models leaves it
+# pending rather than failing its lines: `served` holds the names the submitting server served
+# (NULL for batches from before), `models` those of them its lines name (set at validation).
+_V3 = """
+ALTER TABLE batches ADD COLUMN served TEXT;
+ALTER TABLE batches ADD COLUMN models TEXT;
+"""
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass
+class Progress:
+    """How far a batch got, as last committed."""
+
+    input_offset: int = 0  # bytes of the input file done
+    lines_read: int = 0  # non-blank lines done
+    output_bytes: int = 0
+    error_bytes: int = 0
+    duplicates: frozenset[int] = frozenset()  # line numbers whose custom_id came before
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+class StoreBusy(RuntimeError):
+    """Another process holds this data dir: two runners would run the same jobs twice."""
 
 
 def file_from_row(row: sqlite3.Row) -> dict[str, Any]:

@@ -48,6 +48,7 @@ class BatchService:
             Gate(live=self._live, stopping=self._stopping),
             settings.batch_max_requests,
             admission=settings.max_queued_inputs,
+            served=self._served,
         )
 
     def _lazy_store(self) -> Store:
@@ -79,6 +80,9 @@ class BatchService:
         if self._registry is None:
             return 0
         return sum(entry.inflight for entry in self._registry.entries())
+
+    def _served(self) -> frozenset[str]:
+        return frozenset(self._registry.served_names()) if self._registry else frozenset()
 
     def _stopping(self) -> bool:
         return self.lifecycle.phase in ("draining", "failed")
@@ -145,7 +149,11 @@ class BatchService:
 
     def runner_status(self) -> dict[str, Any]:
         """For /ready: whether batch jobs are being run, and the last failure if not."""
-        status: dict[str, Any] = {"state": self.runner_state, "restarts": self.runner_restarts}
+        status: dict[str, Any] = {
+            "state": self.runner_state,
+            "restarts": self.runner_restarts,
+            "pending_other_models": len(self.runner.pending.waiting),
+        }
         if self.runner_error is not None:
             status["error"] = self.runner_error
         return status
@@ -187,7 +195,7 @@ class BatchService:
 
     def submit(self, owner: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Store a new batch (from batch_object) of `owner` and wake the runner for it."""
-        self.store.add_batch(obj, owner)
+        self.store.add_batch(obj, owner, self._served())
         self.runner.wake.set()
         return obj
 

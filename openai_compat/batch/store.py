@@ -22,35 +22,24 @@ import shutil
 import sqlite3
 import threading
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openai_compat.batch.schema import MIGRATIONS, SCHEMA_VERSION, batch_from_row, file_from_row
+from openai_compat.batch.schema import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Progress,
+    StoreBusy,
+    batch_from_row,
+    file_from_row,
+    new_id,
+)
+
+__all__ = ["OPEN_STATUSES", "Progress", "Store", "StoreBusy", "new_id"]
 
 OPEN_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
-
-
-@dataclass
-class Progress:
-    """How far a batch got, as last committed."""
-
-    input_offset: int = 0  # bytes of the input file done
-    lines_read: int = 0  # non-blank lines done
-    output_bytes: int = 0
-    error_bytes: int = 0
-    duplicates: frozenset[int] = frozenset()  # line numbers whose custom_id came before
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex}"
-
-
-class StoreBusy(RuntimeError):
-    """Another process holds this data dir: two runners would run the same jobs twice."""
 
 
 class Store:
@@ -219,13 +208,41 @@ class Store:
     def batch_dir(self, batch_id: str) -> Path:
         return self.root / "batches" / batch_id
 
-    def add_batch(self, obj: dict[str, Any], owner: str = "") -> None:
+    def add_batch(
+        self, obj: dict[str, Any], owner: str = "", served: Iterable[str] | None = None
+    ) -> None:
+        """`served`: the model names the submitting server serves (a server without one of
+        them that its lines name leaves the batch pending: see needs)."""
         self.batch_dir(obj["id"]).mkdir(parents=True, exist_ok=True)
+        names = None if served is None else json.dumps(sorted(set(served)))
         with self._tx() as db:
             db.execute(
-                "INSERT INTO batches (id, status, obj, owner) VALUES (?, ?, ?, ?)",
-                (obj["id"], obj["status"], json.dumps(obj), owner),
+                "INSERT INTO batches (id, status, obj, owner, served) VALUES (?, ?, ?, ?, ?)",
+                (obj["id"], obj["status"], json.dumps(obj), owner, names),
             )
+
+    def served_at_submit(self, batch_id: str) -> frozenset[str] | None:
+        """The names the submitting server served (None: a batch from before they were kept)."""
+        value = self._column(batch_id, "served")
+        return None if value is None else frozenset(json.loads(value))
+
+    def set_needs(self, batch_id: str, models: Iterable[str]) -> None:
+        names = json.dumps(sorted(set(models)))
+        with self._tx() as db:
+            db.execute("UPDATE batches SET models = ? WHERE id = ?", (names, batch_id))
+
+    def needs(self, batch_id: str) -> frozenset[str]:
+        """The models a batch's lines name that its submitting server served: a server must
+        serve them all to run it (empty: any server may, as for batches from before)."""
+        value = self._column(batch_id, "models")
+        return frozenset() if value is None else frozenset(json.loads(value))
+
+    def _column(self, batch_id: str, column: str) -> Any:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {column} FROM batches WHERE id = ?", (batch_id,)
+            ).fetchone()
+        return None if row is None else row[column]
 
     def batch(self, batch_id: str, owner: str | None = None) -> dict[str, Any] | None:
         """The batch; with `owner`, only if that owner made it."""
@@ -238,9 +255,7 @@ class Store:
         return batch_from_row(row)
 
     def batch_owner(self, batch_id: str) -> str:
-        with self._lock:
-            row = self._db.execute("SELECT owner FROM batches WHERE id = ?", (batch_id,)).fetchone()
-        return str(row["owner"]) if row else ""
+        return str(self._column(batch_id, "owner") or "")
 
     def batches(
         self, *, after: str | None, limit: int, owner: str | None = None
