@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from openai_compat.protocol import UNNAMED
+from openai_compat.protocol import UNNAMED, EmbeddingRequest
 
 
 class InfinityRerankRequest(BaseModel):
@@ -33,3 +33,10 @@ class InfinityMediaRequest(BaseModel):
     model: StrictStr = UNNAMED
     encoding_format: str = "float"
     user: StrictStr | None = None
+
+
+class InfinityEmbeddingRequest(EmbeddingRequest):
+    """OpenAI's body as infinity's bare /embeddings reads it: `model` may be left out (its
+    clients send "default/not-specified" or nothing): the default model answers."""
+
+    model: StrictStr = UNNAMED

@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from openai_compat.api.infinity.protocol import (
     InfinityClassifyRequest,
+    InfinityEmbeddingRequest,
     InfinityMediaRequest,
     InfinityRerankRequest,
 )
@@ -34,7 +35,6 @@ from openai_compat.media import Modality
 from openai_compat.protocol import (
     ERROR_RESPONSES,
     UNNAMED,
-    EmbeddingRequest,
     EmbeddingResponse,
     ModelList,
 )
@@ -116,7 +116,7 @@ async def infinity_embeddings(request: Request) -> Response:
     """infinity: POST /embeddings, OpenAI's body with infinity's defaults: its clients send
     model "default/not-specified" and dimensions 0 (= the model's size) unless told otherwise."""
     registry = ready_registry(request)
-    body = await read_body(request, EmbeddingRequest)
+    body = await read_body(request, InfinityEmbeddingRequest)
     dimensions = None if body.dimensions == 0 else body.dimensions
     if body.model == UNNAMED:
         modality = body.modality or "text"
