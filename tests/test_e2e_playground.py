@@ -102,8 +102,9 @@ def test_similarity_heatmap_equals_the_cosines_of_the_api_vectors(
     p.select_option("#sim-model", "minilm")
     p.select_option("#sim-prompt", "query")
     p.fill("#sim-texts", "\n".join(texts))
+    assert p.get_attribute("#sim-result", "data-runs") == "1"  # the example, computed on open
     p.click("#sim-run")
-    p.wait_for_selector("#sim-matrix")
+    p.wait_for_selector("#sim-result[data-runs='2'] #sim-matrix")
     api = _post(srv, "/v1/embeddings", {"model": "minilm", "input": texts, "input_type": "query"})
     vectors = _unit(np.asarray([d["embedding"] for d in api["data"]]))
     want = vectors @ vectors.T
@@ -297,7 +298,6 @@ def test_server_panel_shows_the_models_and_live_metrics(page: Page, srv: RemoteS
 def test_every_panel_fits_a_phone_screen(browser: Any, srv: RemoteServer) -> None:
     phone = Page(browser, srv.url, viewport={"width": 390, "height": 844}, is_mobile=True)
     p = phone.page
-    p.click("#sim-run")
     p.wait_for_selector("#sim-matrix")
     for panel in ("similarity", "rerank", "tokens", "images", "sparse", "server"):
         phone.tab(panel)
@@ -322,8 +322,7 @@ def test_with_an_api_key_the_page_asks_for_it_then_works(browser: Any) -> None:
         p.fill("#api-key", KEY)
         p.click("#key-form button")
         p.wait_for_selector("#auth", state="hidden")
-        p.click("#sim-run")
-        p.wait_for_selector("#sim-matrix")
+        p.wait_for_selector("#sim-result[data-runs='1'] #sim-matrix")  # computed once keyed
         assert p.eval_on_selector("#sim-matrix td", "c => c.textContent") == "1.000"
         tab.allowed = ("status of 401 (Unauthorized)",)  # the first, keyless calls
         tab.close()
@@ -343,3 +342,71 @@ def test_index_links_to_the_playground_and_the_page_is_locked_down(srv: RemoteSe
     assert "<script" not in page.text.replace(
         '<script src="/playground/app.js" defer></script>', ""
     )
+
+
+def test_on_the_default_server_the_page_explains_what_it_cannot_show(
+    browser: Any, server: RemoteServer
+) -> None:
+    """The quick-start server (one text model): the similarity example is computed on open;
+    Images and Sparse say no served model can do them and show the config lines that would
+    enable them (no empty menus); a batch whose lines all failed shows a full red bar."""
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"f{i}",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": "not-served", "input": "x"},
+            }
+        )
+        for i in range(4)
+    ]
+    up = httpx.post(
+        server.url + "/v1/files",
+        data={"purpose": "batch"},
+        files={"file": ("f.jsonl", "\n".join(lines).encode())},
+    ).json()
+    batch = _post(
+        server,
+        "/v1/batches",
+        {"input_file_id": up["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"},
+    )
+    deadline = time.monotonic() + 60
+    while httpx.get(server.url + f"/v1/batches/{batch['id']}").json()["status"] != "completed":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+    tab = Page(browser, server.url, viewport={"width": 1280, "height": 900})
+    p = tab.page
+    # no click: the example's four texts are compared on open, with the API's cosines
+    cells = p.eval_on_selector_all("#sim-matrix td", "cs => cs.map(c => +c.dataset.value)")
+    texts = (p.input_value("#sim-texts")).split("\n")
+    api = _post(server, "/v1/embeddings", {"model": "all-MiniLM-L6-v2", "input": texts})
+    vectors = _unit(np.asarray([d["embedding"] for d in api["data"]]))
+    np.testing.assert_allclose(cells, (vectors @ vectors.T).ravel(), atol=1e-6)
+    tab.shot("default-similarity")
+
+    enable = (("images", 'model = "jinaai/jina-clip-v1"'), ("sparse", 'kind = "sparse"'))
+    for panel, config in enable:
+        assert "unavailable" in (p.get_attribute(f".tab[data-panel={panel}]", "class") or "")
+        tab.tab(panel)
+        section = p.locator(f"#panel-{panel}")
+        assert "No model this server serves can do this" in section.locator(".enable").inner_text()
+        assert config in section.locator("pre.config").inner_text()
+        assert not section.locator(".run").is_visible()  # no dead-end button or empty menu
+        assert not section.locator("select").is_visible()
+        tab.shot(f"default-{panel}")
+    for panel in ("similarity", "rerank", "tokens"):  # what one text model can do stays
+        assert "unavailable" not in (p.get_attribute(f".tab[data-panel={panel}]", "class") or "")
+
+    tab.tab("server")
+    row = p.locator(f"#srv-batches tr[data-batch='{batch['id']}']")
+    row.wait_for()
+    assert row.get_attribute("data-done") == row.get_attribute("data-total") == "4"
+    widths = row.locator(".bar").evaluate_all("bs => bs.map(b => [b.className, b.style.width])")
+    assert widths == [["bar ok", "0%"], ["bar failed", "100%"]]
+    red = row.locator(".bar.failed").evaluate("b => getComputedStyle(b).backgroundColor")
+    blue = p.eval_on_selector(".tab[aria-selected=true]", "t => getComputedStyle(t).color")
+    assert red == "rgb(179, 38, 30)" and red != blue  # --bad, not the accent
+    tab.shot("default-server-failed-batch")
+    tab.close()

@@ -94,6 +94,8 @@ async function run(button, target, work) {
   } finally {
     button.disabled = false;
     target.classList.remove("busy");
+    // how many runs have finished: lets a reader (or a test) tell a new result from the last
+    target.dataset.runs = String(parseInt(target.dataset.runs || "0", 10) + 1);
   }
 }
 
@@ -102,6 +104,50 @@ async function run(button, target, work) {
 function capable(card, capability) {
   if (capability === "tokens") return true;
   return (card.capabilities || []).includes(capability);
+}
+
+// What a panel needs when no served model can use it, and the config lines that add one
+// (a [[models]] table of the server's --config file; docs/configuration.md).
+const ENABLE = {
+  embed: ["an embedding model", '[[models]]\nname = "all-MiniLM-L6-v2"\nmodel = "builtin:all-MiniLM-L6-v2"'],
+  rerank: [
+    "a cross-encoder (any embedding model also ranks, by cosine)",
+    '[[models]]\nname = "mxbai-rerank-xsmall-v1"\nmodel = "mixedbread-ai/mxbai-rerank-xsmall-v1"',
+  ],
+  image: [
+    "a CLIP-style model (texts and images in one space)",
+    '[[models]]\nname = "jina-clip-v1"\nmodel = "jinaai/jina-clip-v1"\ntrust_remote_code = true',
+  ],
+  sparse: [
+    "a SPLADE model (sparse vectors)",
+    '[[models]]\nname = "splade"\nmodel = "naver/splade-cocondenser-ensembledistil"\nkind = "sparse"',
+  ],
+};
+
+function explainUnavailable(panel, capability, able) {
+  // A panel no served model can use says so, and how to serve one, instead of an empty menu.
+  const tab = document.querySelector(`.tab[data-panel="${panel.id.slice("panel-".length)}"]`);
+  const missing = able.length === 0 && capability in ENABLE;
+  tab.classList.toggle("unavailable", missing);
+  panel.classList.toggle("unavailable", missing);
+  if (missing) tab.title = `No served model: add ${ENABLE[capability][0]}`;
+  else tab.removeAttribute("title");
+  for (const part of panel.querySelectorAll(".controls, label.block, .drop, .run")) part.hidden = missing;
+  let note = panel.querySelector(".enable");
+  if (!missing) {
+    if (note) note.remove();
+    return;
+  }
+  if (!note) {
+    note = el("div", { class: "enable" });
+    panel.querySelector(".lead").after(note);
+  }
+  const [what, config] = ENABLE[capability];
+  note.replaceChildren(
+    el("p", { text: `No model this server serves can do this. Serve ${what}: add it to the server's config file (openai-compat serve --config models.toml), for example` }),
+    el("pre", { class: "config", text: config }),
+    el("p", { class: "hint", text: "Every model option: docs/configuration.md. The weights download from the model hub on the first start." })
+  );
 }
 
 async function loadModels() {
@@ -118,13 +164,17 @@ async function loadModels() {
     const panel = select.closest(".panel");
     const button = panel.querySelector(".run");
     if (button) button.disabled = able.length === 0;
-    const result = panel.querySelector(".result");
-    if (able.length === 0 && result) {
-      result.replaceChildren(el("p", { class: "hint", text: `No served model can do this (${capability}).` }));
-    }
+    explainUnavailable(panel, capability, able);
   }
   updatePrompts();
   renderModelTable();
+}
+
+async function firstExample() {
+  // The similarity panel opens with its example computed, not an empty result.
+  if (!$("sim-run").disabled && !$("sim-result").dataset.runs) {
+    await run($("sim-run"), $("sim-result"), similarity);
+  }
 }
 
 function card(id) {
@@ -420,16 +470,22 @@ function renderBatches(list) {
     ...list.data.map((b) => {
       const c = b.request_counts;
       const done = c.completed + c.failed;
-      const bar = el("span", { class: "bar" });
-      bar.style.width = `${c.total ? (100 * done) / c.total : 0}%`;
+      // completed lines in the accent colour, failed ones in the error colour
+      const ok = el("span", { class: "bar ok" });
+      const bad = el("span", { class: "bar failed" });
+      ok.style.width = `${c.total ? (100 * c.completed) / c.total : 0}%`;
+      bad.style.width = `${c.total ? (100 * c.failed) / c.total : 0}%`;
+      const outcome = ["failed", "expired", "cancelled", "cancelling"].includes(b.status) ? "bad" : "";
+      const status = el("td", { class: `status ${outcome}`, text: b.status });
+      if (b.pending_reason) status.title = b.pending_reason;
       return el(
         "tr",
         { "data-batch": b.id, "data-done": done, "data-total": c.total },
         el("td", { class: "mono", text: b.id }),
         el("td", { text: b.endpoint }),
-        el("td", { class: "status", text: b.status }),
-        el("td", {}, el("span", { class: "track" }, bar), el("span", { class: "hint", text: ` ${done} / ${c.total}` })),
-        el("td", { text: String(c.failed) })
+        status,
+        el("td", {}, el("span", { class: "track" }, ok, bad), el("span", { class: "hint", text: ` ${done} / ${c.total}` })),
+        el("td", { class: c.failed ? "bad" : "", text: String(c.failed) })
       );
     })
   );
@@ -520,6 +576,7 @@ async function start() {
     try {
       await loadModels();
       $("auth").hidden = true;
+      await firstExample();
     } catch (err) {
       if (err.status !== 401) askForKey(err.message);
     }
@@ -528,6 +585,7 @@ async function start() {
   showPanel(document.getElementById(`panel-${initial}`) ? initial : "similarity");
   try {
     await loadModels();
+    await firstExample();
   } catch (err) {
     if (err.status !== 401) showError($("sim-result"), err);
   }
