@@ -66,10 +66,38 @@ def engine_args(config: ModelConfig) -> Any:
     return EngineArgs(**options)
 
 
+def check_options(config: ModelConfig) -> None:
+    """Refuse, with a message, model options that would otherwise do nothing or fail deep in
+    the engine: a device this machine lacks, a revision of a local folder, BetterTransformer
+    where optimum's is not installed."""
+    import torch
+
+    name = config.served_name
+    device = config.device.split(":")[0]
+    if device == "cuda" and not torch.cuda.is_available():
+        raise EngineFailure(
+            f"model {name!r}: device = {config.device!r}, but torch sees no CUDA device here"
+        )
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise EngineFailure(f"model {name!r}: device = 'mps', but MPS is not available here")
+    if config.revision is not None and Path(config.source).is_dir():
+        raise EngineFailure(
+            f"model {name!r}: revision = {config.revision!r} applies to model-hub ids; "
+            f"{config.model!r} is a local folder (it has no revisions)"
+        )
+    wants_bt = config.bettertransformer and config.engine not in BACKENDS
+    if wants_bt and not adapter.bettertransformer_available():
+        raise EngineFailure(
+            f"model {name!r}: bettertransformer = true needs optimum's BetterTransformer "
+            "(optimum < 2), which is not installed; leave the option out"
+        )
+
+
 def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
     """Build (load weights of) one infinity-emb engine. Blocking: run it in a thread."""
     from infinity_emb import AsyncEmbeddingEngine
 
+    check_options(config)
     try:
         args = engine_args(config)
     except (KeyError, ValueError, TypeError) as exc:

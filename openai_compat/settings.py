@@ -91,8 +91,12 @@ class ModelConfig(BaseModel):
         "them over together, sorted by length into full batches (more throughput under "
         "load, no wait for a lone client); false: each request goes straight to the engine.",
     )
-    compile: bool = Field(False, description="torch.compile the model.")
-    bettertransformer: bool = Field(True, description="Use BetterTransformer where possible.")
+    compile: bool = Field(False, description="torch.compile the model (torch engine).")
+    bettertransformer: bool = Field(
+        False,
+        description="Swap in optimum's BetterTransformer layers (needs optimum < 2 with its "
+        "bettertransformer module; refused at start-up where it is not installed).",
+    )
     max_length: int | None = Field(
         None, ge=1, description="Cap on input tokens (default: the model's own maximum)."
     )

@@ -184,4 +184,5 @@ async def app_client(settings: Any) -> AsyncIterator[httpx.AsyncClient]:
                 if (await client.get("/ready")).status_code == 200:
                     break
                 await asyncio.sleep(0.05)
+            client.app_state = app.state  # type: ignore[attr-defined]  # for tests that look inside
             yield client

@@ -47,6 +47,14 @@ def attr(obj: Any, name: str, where: str) -> Any:
         ) from None
 
 
+def bettertransformer_available() -> bool:
+    """Whether infinity-emb can apply BetterTransformer here: it imports optimum's
+    BetterTransformer if present and otherwise skips the option without a word."""
+    from infinity_emb.transformer import acceleration
+
+    return "BetterTransformerManager" in vars(acceleration)
+
+
 # ---------------------------------------------------------------- engine and batcher
 
 

@@ -1,0 +1,314 @@
+"""Every `[[models]]` setting does what docs/configuration.md says, or start-up refuses it.
+
+EFFECTS names, for each ModelConfig field, the test that shows the setting changing what it
+says it changes (a vector, a batch, a load); the first test fails when a field is added
+without one. The settings with no test elsewhere are tested here: dtype, device, batch_size,
+model_warmup, wave_batching, compile, bettertransformer, revision and trust_remote_code.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from openai_compat.loading import check_options, create_engine
+from openai_compat.registry import EngineFailure
+from openai_compat.settings import ModelConfig, Settings
+from tests.utils import ROOT, app_client
+
+HERE = "tests/test_model_settings.py"
+TEXTS = ["A man is eating food.", "The stock market crashed today."]
+
+EFFECTS: dict[str, tuple[str, str]] = {
+    "model": (
+        "tests/test_e2e_embeddings.py",
+        "test_token_id_inputs_equal_text",
+    ),
+    "name": (
+        "tests/test_e2e_foundation.py",
+        "test_model_ids_with_slashes_raw_and_percent_encoded",
+    ),
+    "aliases": (
+        "tests/test_e2e_embeddings.py",
+        "test_alias_works_from_the_sdk",
+    ),
+    "engine": (
+        "tests/test_backends.py",
+        "test_onnx_vectors_match_the_torch_model",
+    ),
+    "kind": (
+        "tests/test_e2e_sparse.py",
+        "test_vectors_equal_a_direct_transformers_computation",
+    ),
+    "quantize": (
+        "tests/test_backends.py",
+        "test_backends_refuse_what_they_cannot_run",
+    ),
+    "device": (
+        HERE,
+        "test_options_that_cannot_apply_stop_start_up",
+    ),
+    "batch_size": (
+        HERE,
+        "test_batch_size_model_warmup_and_wave_batching",
+    ),
+    "revision": (
+        HERE,
+        "test_revision_loads_that_revision_of_a_hub_model",
+    ),
+    "trust_remote_code": (
+        HERE,
+        "test_trust_remote_code_runs_the_folders_own_model_code",
+    ),
+    "dtype": (
+        HERE,
+        "test_dtype_casts_the_weights_and_the_vectors_follow",
+    ),
+    "pooling_method": (
+        "tests/test_pooling.py",
+        "test_pooling_method_serves_that_pooling",
+    ),
+    "model_warmup": (
+        HERE,
+        "test_batch_size_model_warmup_and_wave_batching",
+    ),
+    "wave_batching": (
+        HERE,
+        "test_batch_size_model_warmup_and_wave_batching",
+    ),
+    "compile": (
+        HERE,
+        "test_compile_wraps_the_model_in_torch_compile",
+    ),
+    "bettertransformer": (
+        HERE,
+        "test_options_that_cannot_apply_stop_start_up",
+    ),
+    "max_length": (
+        "tests/test_e2e_rerank_classify.py",
+        "test_cross_encoder_truncates_pairs_at_its_configured_limit",
+    ),
+    "truncate": (
+        "tests/test_e2e_embeddings.py",
+        "test_no_truncate_setting_refuses_long_input_with_index_and_length",
+    ),
+    "token_ids": (
+        "tests/test_inference.py",
+        "test_token_ids_on_a_model_that_refuses_them",
+    ),
+    "prompts": (
+        "tests/test_e2e_prompts_cohere.py",
+        "test_every_way_of_asking_for_the_query_prompt_gives_the_prompted_vector",
+    ),
+    "default_prompt": (
+        "tests/test_e2e_prompts_cohere.py",
+        "test_search_document_maps_to_the_models_passage_prompt",
+    ),
+    "quantization_range": (
+        "tests/test_e2e_prompts_cohere.py",
+        "test_models_list_prompts_and_int8_ranges",
+    ),
+}
+
+
+def test_every_model_setting_names_a_test_that_shows_its_effect() -> None:
+    assert set(EFFECTS) == set(ModelConfig.model_fields)
+    for setting, (path, name) in EFFECTS.items():
+        tree = ast.parse((ROOT / path).read_text())
+        names = {
+            n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
+        assert name in names, (setting, path, name)
+    documented = (ROOT / "docs" / "configuration.md").read_text()
+    for setting in ModelConfig.model_fields:
+        assert f"\n{setting} = " in documented, f"{setting} is not in docs/configuration.md"
+
+
+def _vectors(body: dict[str, Any]) -> np.ndarray:
+    return np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+
+
+def _minilm(**options: Any) -> ModelConfig:
+    options.setdefault("quantization_range", 0.3)  # no int8 calibration: fewer engine calls
+    return ModelConfig(model="builtin:all-MiniLM-L6-v2", name="m", **options)
+
+
+@pytest.mark.slow
+async def test_dtype_casts_the_weights_and_the_vectors_follow(st_model: Any) -> None:
+    from openai_compat.engine import adapter
+
+    async with app_client(Settings(models=(_minilm(dtype="bfloat16", model_warmup=False),))) as c:
+        entry = c.app_state.registry.resolve("m")  # type: ignore[attr-defined]
+        weights = next(adapter.replica_of(entry.engine).parameters())
+        got = _vectors((await c.post("/v1/embeddings", json={"model": "m", "input": TEXTS})).json())
+    assert str(weights.dtype) == "torch.bfloat16"
+    want = st_model.encode(TEXTS, normalize_embeddings=True)
+    # bfloat16 keeps 8 bits of mantissa: close to the float32 vectors, never equal to them
+    assert 1e-3 < float(np.abs(got - want).max()) < 0.05
+    assert float((got * want).sum(axis=1).min()) > 0.999
+
+
+@pytest.fixture
+def engine_batches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]:
+    """(inputs, tokens per input) of every batch the embedding model runs."""
+    from infinity_emb.transformer.embedder.sentence_transformer import (
+        SentenceTransformerPatched,
+    )
+
+    seen: list[tuple[int, int]] = []
+    original = SentenceTransformerPatched.encode_core
+
+    def spy(self: Any, features: dict[str, Any]) -> Any:
+        seen.append(tuple(features["input_ids"].shape))  # type: ignore[arg-type]
+        return original(self, features)
+
+    monkeypatch.setattr(SentenceTransformerPatched, "encode_core", spy)
+    yield seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("warm, waves", [(True, True), (False, False)])
+async def test_batch_size_model_warmup_and_wave_batching(
+    engine_batches: list[tuple[int, int]], warm: bool, waves: bool
+) -> None:
+    """batch_size caps every batch the model runs; model_warmup runs one full batch and one
+    max-length input before /ready (none without it); wave_batching puts our feeder in front
+    of the engine (without it, requests go to infinity-emb's queue directly)."""
+    config = _minilm(batch_size=3, model_warmup=warm, wave_batching=waves)
+    async with app_client(Settings(models=(config,))) as c:
+        at_ready = list(engine_batches)
+        entry = c.app_state.registry.resolve("m")  # type: ignore[attr-defined]
+        assert (entry.feeder is not None) is waves
+        texts = [f"text number {i}" for i in range(8)]
+        r = await c.post("/v1/embeddings", json={"model": "m", "input": texts})
+        assert r.status_code == 200
+    if warm:  # one input at the model's limit (256 tokens), before /ready
+        assert (1, 256) in at_ready, at_ready
+    else:
+        # the start-up probes only: single short inputs
+        assert at_ready and all(n == 1 and tokens < 16 for n, tokens in at_ready), at_ready
+    served = engine_batches[len(at_ready) :]
+    assert sum(n for n, _ in served) == 8 and max(n for n, _ in served) <= 3
+
+
+def test_compile_wraps_the_model_in_torch_compile() -> None:
+    from openai_compat.engine import adapter
+
+    for compile_, wrapper in ((True, "OptimizedModule"), (False, "BertModel")):
+        engine = create_engine(_minilm(compile=compile_))
+        replica = adapter.replica_of(engine)
+        assert type(replica[0].auto_model).__name__ == wrapper
+
+
+def test_options_that_cannot_apply_stop_start_up() -> None:
+    import torch
+
+    if not torch.cuda.is_available():  # was an IndexError from deep in torch
+        with pytest.raises(EngineFailure, match="torch sees no CUDA device"):
+            check_options(_minilm(device="cuda"))
+    with pytest.raises(EngineFailure, match="local folder"):
+        check_options(_minilm(revision="v2"))
+    from openai_compat.engine import adapter
+
+    if not adapter.bettertransformer_available():  # infinity-emb skipped it silently
+        with pytest.raises(EngineFailure, match="BetterTransformer"):
+            check_options(_minilm(bettertransformer=True))
+    check_options(_minilm(device="cpu"))
+
+
+def _seed_hub(repo: str, folder: Path, revision: str) -> None:
+    """Put `folder` in the Hugging Face cache as `repo` at `revision`, as a download would."""
+    from huggingface_hub import constants
+
+    commit = hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
+    root = Path(constants.HF_HUB_CACHE) / ("models--" + repo.replace("/", "--"))
+    shutil.copytree(folder, root / "snapshots" / commit)
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / revision).write_text(commit)
+
+
+@pytest.mark.slow
+async def test_revision_loads_that_revision_of_a_hub_model(
+    tmp_path: Path, minilm_path: str, st_model: Any
+) -> None:
+    """The offline hub cache holds two revisions of one repo: main (mean pooling) and v2 (CLS
+    pooling); `revision` picks which one is served."""
+    cls = tmp_path / "cls"
+    shutil.copytree(minilm_path, cls)
+    pooling = json.loads((cls / "1_Pooling" / "config.json").read_text())
+    pooling.update(pooling_mode_mean_tokens=False, pooling_mode_cls_token=True)
+    (cls / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    repo = f"test-org/minilm-{tmp_path.name}"
+    _seed_hub(repo, Path(minilm_path), "main")
+    _seed_hub(repo, cls, "v2")
+    models = (
+        ModelConfig(model=repo, name="main", quantization_range=0.3, model_warmup=False),
+        ModelConfig(
+            model=repo, name="v2", revision="v2", quantization_range=0.3, model_warmup=False
+        ),
+    )
+    async with app_client(Settings(models=models)) as c:
+        got = {
+            name: _vectors(
+                (await c.post("/v1/embeddings", json={"model": name, "input": TEXTS})).json()
+            )
+            for name in ("main", "v2")
+        }
+    np.testing.assert_allclose(got["main"], st_model.encode(TEXTS), atol=1e-5)
+    assert float(np.abs(got["v2"] - got["main"]).max()) > 0.05
+
+
+NEGATED = '''
+from transformers import BertModel
+
+
+class NegatedBert(BertModel):
+    """BertModel whose hidden states come out negated: code only this folder ships."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        if isinstance(out, tuple):  # return_dict=False, as sentence-transformers calls it
+            return (-out[0],) + out[1:]
+        out["last_hidden_state"] = -out["last_hidden_state"]
+        return out
+'''
+
+
+@pytest.mark.slow
+async def test_trust_remote_code_runs_the_folders_own_model_code(
+    tmp_path: Path, minilm_path: str, st_model: Any
+) -> None:
+    folder = tmp_path / "negated"
+    shutil.copytree(minilm_path, folder)
+    (folder / "modeling_negated.py").write_text(NEGATED)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "modeling_negated.NegatedBert"}
+    (folder / "config.json").write_text(json.dumps(config))
+    models = tuple(
+        ModelConfig(
+            model=str(folder),
+            name=name,
+            trust_remote_code=trusted,
+            quantization_range=0.3,
+            model_warmup=False,
+        )
+        for name, trusted in (("plain", False), ("trusted", True))
+    )
+    async with app_client(Settings(models=models)) as c:
+        got = {
+            name: _vectors(
+                (await c.post("/v1/embeddings", json={"model": name, "input": TEXTS})).json()
+            )
+            for name in ("plain", "trusted")
+        }
+    want = st_model.encode(TEXTS, normalize_embeddings=True)
+    np.testing.assert_allclose(got["plain"], want, atol=1e-5)  # its code is not run
+    np.testing.assert_allclose(got["trusted"], -want, atol=1e-5)  # its code is run
