@@ -8,9 +8,9 @@ model_warmup, wave_batching, compile, bettertransformer, revision and trust_remo
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,11 +122,8 @@ EFFECTS: dict[str, tuple[str, str]] = {
 def test_every_model_setting_names_a_test_that_shows_its_effect() -> None:
     assert set(EFFECTS) == set(ModelConfig.model_fields)
     for setting, (path, name) in EFFECTS.items():
-        tree = ast.parse((ROOT / path).read_text())
-        names = {
-            n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-        }
-        assert name in names, (setting, path, name)
+        source = (ROOT / path).read_text()
+        assert re.search(rf"^(async )?def {name}\(", source, re.M), (setting, path, name)
     documented = (ROOT / "docs" / "configuration.md").read_text()
     for setting in ModelConfig.model_fields:
         assert f"\n{setting} = " in documented, f"{setting} is not in docs/configuration.md"

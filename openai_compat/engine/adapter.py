@@ -48,8 +48,7 @@ def attr(obj: Any, name: str, where: str) -> Any:
 
 
 def bettertransformer_available() -> bool:
-    """Whether infinity-emb can apply BetterTransformer here: it imports optimum's
-    BetterTransformer if present and otherwise skips the option without a word."""
+    """Whether infinity-emb can apply BetterTransformer (else it skips it without a word)."""
     from infinity_emb.transformer import acceleration
 
     return "BetterTransformerManager" in vars(acceleration)
@@ -368,11 +367,8 @@ def count_tokens_in_engine(replica: Any) -> bool:
             counted.append(array)
         return counted
 
-    replica.encode_pre, replica.encode_core, replica.encode_post = (
-        encode_pre,
-        encode_core,
-        encode_post,
-    )
+    replica.encode_pre, replica.encode_core = encode_pre, encode_core
+    replica.encode_post = encode_post
     return True
 
 
