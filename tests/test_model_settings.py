@@ -8,7 +8,6 @@ model_warmup, wave_batching, compile, bettertransformer, revision and trust_remo
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -222,14 +221,11 @@ def test_options_that_cannot_apply_stop_start_up() -> None:
 
 
 def _seed_hub(repo: str, folder: Path, revision: str) -> None:
-    """Put `folder` in the Hugging Face cache as `repo` at `revision`, as a download would."""
     from huggingface_hub import constants
 
-    commit = hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
-    root = Path(constants.HF_HUB_CACHE) / ("models--" + repo.replace("/", "--"))
-    shutil.copytree(folder, root / "snapshots" / commit)
-    (root / "refs").mkdir(parents=True, exist_ok=True)
-    (root / "refs" / revision).write_text(commit)
+    from tests.fixtures.hub_cache import seed
+
+    seed(Path(constants.HF_HUB_CACHE), repo, folder, revision)
 
 
 @pytest.mark.slow
