@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -94,20 +95,45 @@ class ServiceUnavailable(APIError):
 
 # Each API family's error body. Messages are the same for all; the shape (and for TEI the
 # status code) differs, so each family's clients parse what they expect.
-ErrorFamily = Literal["openai", "cohere", "tei"]
+ErrorFamily = Literal["openai", "cohere", "tei", "infinity"]
 
 # Paths whose clients expect another family's errors; everything else answers in OpenAI's
 # envelope. Bare paths shared by several dialects (api/shared.py) set the family per request.
 _PATH_FAMILIES: dict[str, ErrorFamily] = {
     **dict.fromkeys(("/v1/embed", "/v2/embed", "/v1/rerank", "/v2/rerank"), "cohere"),
     **dict.fromkeys(("/", "/predict", "/decode", "/info", "/embed_sparse"), "tei"),
+    **dict.fromkeys(("/embeddings", "/embeddings_image", "/embeddings_audio"), "infinity"),
 }
-# TEI answers validation errors with 422, too-long or too-many inputs with 413, and backend
-# faults with 424; its `error_type` names the kind.
+# The bare paths several APIs share (api/shared.py's SHARED_PATHS): the key that marks each
+# dialect and its error family, for errors answered before the body is parsed.
+SHARED_KEYS: dict[str, tuple[tuple[str, ErrorFamily], ...]] = {
+    "/embed": (("sentences", "openai"), ("inputs", "tei")),
+    "/rerank": (("docs", "openai"), ("documents", "infinity"), ("texts", "tei")),
+    "/classify": (("sentences", "openai"), ("input", "infinity")),
+    "/tokenize": (("prompt", "openai"), ("inputs", "tei")),
+}
+
+
+def family_from_prefix(path: str, prefix: bytes) -> ErrorFamily | None:
+    """On a shared bare path, the family whose dialect key the body's first bytes hold (the
+    gateway answers 401/413/503 before a body is parsed); None elsewhere or if none shows."""
+    keys = SHARED_KEYS.get(path)
+    if not keys:
+        return None
+    for key, family in keys:
+        if re.search(rb'"' + key.encode() + rb'"\s*:', prefix):
+            return family
+    return None
+
+
+# TEI (1.9+, router/src/http/server.rs) answers validation errors, too-long and too-many
+# inputs with 422 Validation, an empty batch with 400 Empty, backend faults with 424, and its
+# `error_type` is one of its ErrorType variants (serialised by name). A body over the size
+# limit stays a 413 (axum's limit); a missing key is a 401 whose type can only be Validation
+# (TEI's own 401 has no body at all).
 _TEI_STATUS = {400: 422, 404: 422, 500: 424}
-_TEI_CODES_413 = frozenset({"input_too_long", "too_many_inputs", "payload_too_large"})
 _TEI_TYPES = {
-    401: "Unauthorized",
+    400: "Empty",
     413: "Validation",
     422: "Validation",
     424: "Backend",
@@ -137,7 +163,10 @@ def _error_body(
     if family == "cohere":
         return status, {"message": message}
     if family == "tei":
-        status = 413 if code in _TEI_CODES_413 else _TEI_STATUS.get(status, status)
+        if code == "empty_input":
+            status = 400
+        elif code != "payload_too_large":
+            status = _TEI_STATUS.get(status, status)
         return status, {"error": message, "error_type": _TEI_TYPES.get(status, "Validation")}
     return status, {"error": {"message": message, "type": type, "param": param, "code": code}}
 
@@ -234,6 +263,12 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
 def validation_error_response(
     exc: RequestValidationError, family: ErrorFamily = "openai"
 ) -> Response:
+    if family == "infinity":  # FastAPI's 422, as infinity-emb's server answers it
+        detail = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")}
+            for e in exc.errors()
+        ]
+        return Response(orjson.dumps({"detail": detail}), 422, media_type="application/json")
     message, param, code = validation_message(exc.errors())
     return error_response(
         400, message, type="invalid_request_error", param=param, code=code, family=family

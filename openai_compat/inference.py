@@ -78,6 +78,13 @@ async def texts_from_input(
     single = isinstance(raw, np.ndarray) or isinstance(first, int | np.integer)
     batches: Sequence[Any] = [raw] if single else raw
     check_count(len(batches), settings.max_inputs_per_request, param)
+    for i, ids in enumerate(batches):  # OpenAI's schema: each token array has minItems 1
+        if len(ids) == 0:
+            raise BadRequest(
+                f"'{param}[{i}]' is an empty array of token ids; send at least one id.",
+                param=param,
+                code="empty_input",
+            )
     decoder = entry.token_decoder
     if decoder is None:
         raise BadRequest(

@@ -23,12 +23,14 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_compat.errors import (
+    SHARED_KEYS,
     APIError,
     PayloadTooLarge,
     ServiceUnavailable,
     Unauthorized,
     api_error_response,
     family_for,
+    family_from_prefix,
     family_of,
     validation_error_response,
 )
@@ -59,6 +61,20 @@ def route_label(path: str, known: frozenset[str]) -> str:
     if path.startswith(("/v1/models/", "/models/")):
         return path[: path.index("/models/") + 8] + "{model_id}"
     return "unmatched"
+
+
+PEEK = 4096  # body bytes kept to tell a shared path's dialect (its key comes first)
+PEEK_WAIT_S = 0.5  # how long a refused request's first body bytes are waited for
+
+
+async def _first_bytes(receive: Receive) -> bytes:
+    """The first body bytes a refused request sent (one message, waited for briefly): enough
+    to tell a shared bare path's dialect for its error body; never the whole body."""
+    try:
+        message = await asyncio.wait_for(receive(), PEEK_WAIT_S)
+    except TimeoutError:
+        return b""
+    return bytes(message.get("body", b"")[:PEEK]) if message["type"] == "http.request" else b""
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -130,11 +146,15 @@ class GatewayMiddleware:
                 message = {**message, "headers": headers}
             await send(message)
 
+        prefix = bytearray()  # the body's first bytes: a shared path's dialect, for errors
         refusal = self._refuse(scope, path)
         if refusal is not None:
             reason, error = refusal
             self.metrics.rejected.labels(reason).inc()
-            await api_error_response(error, family_of(path))(scope, receive, send_with_id)
+            if path in SHARED_KEYS and scope["method"] == "POST":
+                prefix += await _first_bytes(receive)
+            family = family_from_prefix(path, bytes(prefix)) or family_of(path)
+            await api_error_response(error, family)(scope, receive, send_with_id)
             self._record(scope, path, status_box[0], start)
             return
 
@@ -143,10 +163,11 @@ class GatewayMiddleware:
             self.lifecycle.inflight += 1
             self.metrics.in_flight.inc()
         try:
-            await self.app(scope, self._limited(receive, self._cap(path)), send_with_id)
+            await self.app(scope, self._limited(receive, self._cap(path), prefix), send_with_id)
         except PayloadTooLarge as exc:  # a chunked body outgrew the limit mid-stream
             self.metrics.rejected.labels("too_large").inc()
-            await api_error_response(exc, family_of(path))(scope, receive, send_with_id)
+            family = family_from_prefix(path, bytes(prefix)) or family_of(path)
+            await api_error_response(exc, family)(scope, receive, send_with_id)
         except asyncio.CancelledError:
             # uvicorn cancels what is still running at the shutdown deadline: tell the client
             # to retry elsewhere (503) rather than leaving it a 500 or a dropped connection.
@@ -196,14 +217,19 @@ class GatewayMiddleware:
     def _cap(self, path: str) -> int:
         return self.max_upload if path in UPLOAD_PATHS else self.max_body
 
-    def _limited(self, receive: Receive, cap: int) -> Receive:
+    def _limited(self, receive: Receive, cap: int, prefix: bytearray) -> Receive:
+        """`receive` that raises PayloadTooLarge past `cap` bytes, keeping the first PEEK
+        bytes in `prefix`."""
         seen = 0
 
         async def wrapped() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
+                chunk = message.get("body", b"")
+                if len(prefix) < PEEK:
+                    prefix.extend(chunk[: PEEK - len(prefix)])
+                seen += len(chunk)
                 if seen > cap:
                     raise self._too_large(cap)
             return message

@@ -214,7 +214,9 @@ class EmbeddingResponse(BaseModel):
 
 
 class HealthResponse(BaseModel):
-    status: Literal["ok", "loading"]
+    unix: float = Field(
+        description="The server's clock, seconds since the epoch (infinity-emb's body)."
+    )
 
 
 class BatchRunnerStatus(BaseModel):

@@ -183,8 +183,8 @@ def test_tokenize_of_the_largest_prompt_keeps_health_fast(
     if field == "prompt":  # vLLM's errors are OpenAI's
         assert refused.status_code == 400
         assert refused.json()["error"]["param"] == "prompt"
-    else:  # TEI's body; too-long input is TEI's 413 Validation (before 1.9.0)
-        assert refused.status_code == 413
+    else:  # TEI's body; too-long input is TEI's 422 Validation (since 1.9.0)
+        assert refused.status_code == 422
         assert refused.json()["error_type"] == "Validation"
     assert "max_tokenize_chars" in refused.text
 

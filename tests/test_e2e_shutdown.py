@@ -119,7 +119,8 @@ def test_sigterm_during_model_loading_exits_zero_at_once(debug_config: Path) -> 
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(srv.url + "/health", timeout=2).json()["status"] == "loading":
+                ready = httpx.get(srv.url + "/ready", timeout=2)  # alive, still loading
+                if ready.status_code == 503 and ready.json()["error"]["code"] == "loading":
                     break
             time.sleep(0.1)
         signal_at = time.monotonic()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
@@ -17,7 +19,9 @@ router = APIRouter(tags=["health"])
 
 @router.get("/health", response_model=HealthResponse, responses={503: ERROR_RESPONSES[503]})
 async def health(request: Request) -> Response:
-    """200 while the process and its engines live (also while loading); 503 if one has died."""
+    """200 while the process and its engines live (also while loading); 503 if one has died.
+    The body is infinity-emb's (`{"unix": <seconds>}`, what its clients read); TEI's and
+    vLLM's clients read only the status. Whether the models are loaded: GET /ready."""
     lifecycle: Lifecycle = request.app.state.lifecycle
     registry: Registry = request.app.state.registry
     if lifecycle.phase == "failed":
@@ -27,7 +31,7 @@ async def health(request: Request) -> Response:
         return api_error_response(
             ServiceUnavailable(f"engine(s) stopped: {', '.join(dead)}", code="engine_dead")
         )
-    return orjson_response({"status": "loading" if lifecycle.phase == "loading" else "ok"})
+    return orjson_response({"unix": time.time()})
 
 
 @router.get("/ready", response_model=ReadyResponse, responses={503: ERROR_RESPONSES[503]})

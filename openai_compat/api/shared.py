@@ -9,11 +9,14 @@ none of them is a 400 that names the key each dialect expects.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
@@ -35,7 +38,7 @@ from openai_compat.api.tutorial.protocol import (
 )
 from openai_compat.api.vllm import VllmTokenizeRequest, vllm_tokenize
 from openai_compat.bodies import Chooser
-from openai_compat.errors import BadRequest
+from openai_compat.errors import BadRequest, ErrorFamily, set_family
 from openai_compat.protocol import ERROR_RESPONSES
 
 # path -> (the key that marks a dialect, the dialect, its request model), first match wins.
@@ -80,6 +83,13 @@ def _choose(path: str, data: Any) -> type[BaseModel]:
     return NoDialect
 
 
+def _loads(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw or b"null")
+    except orjson.JSONDecodeError:
+        return None
+
+
 def no_dialect(path: str) -> BadRequest:
     expected = "; ".join(f"'{key}' ({dialect})" for key, dialect, _ in SHARED_PATHS[path])
     return BadRequest(
@@ -116,8 +126,27 @@ def _documented(path: str) -> dict[str, object]:
     return body_openapi(*(model for _, _, model in SHARED_PATHS[path]))
 
 
+# Each dialect's error family (errors.SHARED_KEYS is the gateway's copy of this table).
+_FAMILIES: dict[str, ErrorFamily] = {"tei": "tei", "infinity": "infinity"}
+
+
+def family_of_body(path: str, model: type[BaseModel]) -> ErrorFamily:
+    for _, dialect, candidate in SHARED_PATHS[path]:
+        if candidate is model:
+            return _FAMILIES.get(dialect, "openai")
+    return "openai"
+
+
 async def _dispatch(request: Request, path: str) -> Response:
-    body: BaseModel = await read_body(request, chooser(path))
+    try:
+        body: BaseModel = await read_body(request, chooser(path))
+    except RequestValidationError:
+        # the body's dialect answers in its own error shape (TEI's, infinity's 422)
+        raw = await request.body()
+        data = await asyncio.to_thread(_loads, raw) if len(raw) > 65536 else _loads(raw)
+        set_family(request, family_of_body(path, _choose(path, data)))
+        raise
+    set_family(request, family_of_body(path, type(body)))
     handler = _HANDLERS.get(type(body))
     if handler is None:
         raise no_dialect(path)

@@ -88,8 +88,8 @@ def file_from_row(row: sqlite3.Row) -> dict[str, Any]:
         "filename": row["filename"],
         "purpose": row["purpose"],
         "status": "processed",
-        "status_details": None,
-        "expires_at": None,
+        # `expires_at` and `status_details` are left out, not null: OpenAI's schema types them
+        # as non-nullable (our files do not expire; status_details is deprecated there)
     }
 
 

@@ -19,6 +19,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from openai_compat.engine.usage import (  # noqa: F401 (re-exported)
+    TokenCountedArray,
+    engine_token_count,
+    length_estimate,
+    raw_vectors,
+)
+
 Kind = Literal["embedder", "crossencoder", "classifier", "clip", "clap", "other"]
 
 # Class names of infinity-emb's torch replicas -> what kind of model they hold.
@@ -160,6 +167,12 @@ def default_limit(replica: Any) -> int | None:
     length it was trained for), within what its encoder can take."""
     limits = [v for v in (position_limit(replica), _tokenizer_limit(replica)) if v is not None]
     return min(limits) if limits else None
+
+
+def id2label(replica: Any) -> dict[str, str]:
+    """The model's label names by class index (its config's id2label), for TEI's /info."""
+    labels = getattr(getattr(_torch_model(replica), "config", None), "id2label", None) or {}
+    return {str(k): str(v) for k, v in labels.items()}
 
 
 def applied_max_length(replica: Any) -> int | None:
@@ -308,15 +321,7 @@ def contract_problems(engine: Any) -> list[str]:
 
 
 # ---------------------------------------------------------------- usage from the engine
-
-
-class TokenCountedArray(np.ndarray):
-    """An embedding that carries how many tokens the model saw for it (specials included,
-    after truncation): read from the attention mask of the engine's own tokenisation; and,
-    where the engine's L2 normalisation was moved here, the norm the model's output had."""
-
-    tokens: int = 0
-    norm: float | None = None
+# (its types and readers in engine/usage.py, re-exported here)
 
 
 def count_tokens_in_engine(replica: Any) -> bool:
@@ -370,31 +375,3 @@ def count_tokens_in_engine(replica: Any) -> bool:
     replica.encode_pre, replica.encode_core = encode_pre, encode_core
     replica.encode_post = encode_post
     return True
-
-
-def raw_vectors(vectors: Sequence[Any]) -> list[np.ndarray] | None:
-    """The model's own output before the engine's L2 normalisation; None where the norms were
-    not kept (count_tokens_in_engine not installed, or the engine normalises elsewhere)."""
-    raw = []
-    for v in vectors:
-        if not isinstance(v, TokenCountedArray) or v.norm is None:
-            return None
-        raw.append(np.asarray(v) * np.float32(v.norm))
-    return raw
-
-
-def length_estimate(texts: Sequence[str]) -> int:
-    """The usage infinity-emb reports where it does not tokenise (lengths_via_tokenize off):
-    the inputs' character lengths."""
-    return sum(len(t) for t in texts)
-
-
-def engine_token_count(vectors: Sequence[Any]) -> int | None:
-    """Tokens the engine counted for these embeddings; None if it did not count them."""
-    total = 0
-    for v in vectors:
-        tokens = getattr(v, "tokens", None)  # TokenCountedArray, SparseVector
-        if tokens is None:
-            return None
-        total += tokens
-    return total

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from openai_compat.protocol import UNNAMED, EmbeddingRequest
+
+# infinity-emb's own limits on its request bodies (its OpenAPI document): a string over
+# MAX_CHARS, or more than MAX_ITEMS items, is its 422.
+MAX_CHARS = 122_880
+MAX_ITEMS = 2048
+Text = Annotated[StrictStr, Field(max_length=MAX_CHARS)]
 
 
 class InfinityRerankRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    query: StrictStr
-    documents: list[StrictStr]
+    query: Text
+    documents: list[Text] = Field(min_length=1, max_length=MAX_ITEMS)
     return_documents: StrictBool = False
     raw_scores: StrictBool = False
     model: StrictStr = UNNAMED
@@ -21,7 +29,7 @@ class InfinityRerankRequest(BaseModel):
 class InfinityClassifyRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    input: list[StrictStr] | StrictStr
+    input: Annotated[list[Text], Field(min_length=1, max_length=MAX_ITEMS)] | Text
     model: StrictStr = UNNAMED
     raw_scores: StrictBool = False
 
@@ -37,6 +45,16 @@ class InfinityMediaRequest(BaseModel):
 
 class InfinityEmbeddingRequest(EmbeddingRequest):
     """OpenAI's body as infinity's bare /embeddings reads it: `model` may be left out (its
-    clients send "default/not-specified" or nothing): the default model answers."""
+    clients send "default/not-specified" or nothing): the default model answers; a text over
+    infinity's MAX_CHARS is its 422. (Token-id inputs, which infinity refuses, stay ours.)"""
 
     model: StrictStr = UNNAMED
+
+    @field_validator("input")
+    @classmethod
+    def _infinity_limits(cls, value: Any) -> Any:
+        texts = [value] if isinstance(value, str) else value
+        for text in texts:
+            if isinstance(text, str) and len(text) > MAX_CHARS:
+                raise ValueError(f"String should have at most {MAX_CHARS} characters")
+        return value

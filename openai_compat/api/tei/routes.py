@@ -8,6 +8,7 @@ The shared paths (/embed, /rerank, /tokenize) reach these handlers through api/s
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from openai_compat.api.tei.protocol import (
     TeiTokenizeRequest,
 )
 from openai_compat.encoding import as_matrix, orjson_response, truncate_dimensions
+from openai_compat.engine import adapter
 from openai_compat.errors import BadRequest, set_family
 from openai_compat.inference import (
     EmbedResult,
@@ -141,21 +143,36 @@ async def tei_tokenize(request: Request, body: TeiTokenizeRequest) -> Response:
     settings = settings_of(request)
     check_count(len(texts), settings.max_inputs_per_request, "inputs")
     prompt = entry.prompts.choose(entry.name, prompt_name=body.prompt_name)
+    prompted = [prompt + t for t in texts]
     rows = await tokenize_texts(
-        entry,
-        [prompt + t for t in texts],
-        settings,
-        add_special_tokens=body.add_special_tokens,
-        param="inputs",
+        entry, prompted, settings, add_special_tokens=body.add_special_tokens, param="inputs"
     )
-    out = [
-        [
-            {"id": i, "text": text, "special": special, "start": start, "stop": stop}
-            for i, text, special, (start, stop) in row
-        ]
-        for row in rows
-    ]
+    out = [_tei_tokens(row, text) for row, text in zip(rows, prompted, strict=True)]
     return orjson_response(out[:1] if single else out)
+
+
+def _tei_tokens(row: list[Any], text: str) -> list[dict[str, Any]]:
+    """TEI's tokens (core/src/tokenization.rs `into_tokens`): a special token is its token
+    string with no offsets; any other token's `text` is the input's slice and `start`/`stop`
+    are UTF-8 byte offsets into it (the tokenizer's offsets here are characters)."""
+    encoded = text.encode()
+    byte_at: Any = None
+    if not text.isascii():  # character -> byte offset, one pass over the text
+        byte_at = [0, *itertools.accumulate(len(c.encode()) for c in text)]
+    tokens = []
+    for token_id, token, special, (start, stop) in row:
+        if special or start is None:
+            tokens.append(
+                {"id": token_id, "text": token, "special": True, "start": None, "stop": None}
+            )
+            continue
+        if byte_at is not None:
+            start, stop = byte_at[start], byte_at[stop]
+        piece = encoded[start:stop].decode(errors="replace")
+        tokens.append(
+            {"id": token_id, "text": piece, "special": False, "start": start, "stop": stop}
+        )
+    return tokens
 
 
 @router.post(
@@ -224,10 +241,11 @@ async def info(request: Request) -> Response:
     if "embed" in entry.capabilities and not entry.multivector:
         entry = registry.default("embed")
         model_type: dict[str, Any] = {"embedding": {"pooling": "mean"}}
-    elif "rerank" in entry.capabilities:
-        model_type = {"reranker": {"id2label": {"0": "LABEL_0"}}}
     else:
-        model_type = {"classifier": {"id2label": {}}}
+        kind = "reranker" if "rerank" in entry.capabilities else "classifier"
+        id2label = adapter.id2label(adapter.replica_of(entry.engine))
+        label2id = {label: int(i) for i, label in id2label.items() if i.isdigit()}
+        model_type = {kind: {"id2label": id2label, "label2id": label2id}}
     return orjson_response(
         {
             "model_id": entry.config.model,
@@ -235,14 +253,14 @@ async def info(request: Request) -> Response:
             "model_dtype": entry.config.dtype,
             "model_type": model_type,
             "max_concurrent_requests": settings.max_queued_inputs or 512,
-            "max_input_length": entry.max_length,
+            "max_input_length": entry.max_length or 512,
             "max_batch_tokens": (entry.max_length or 512) * entry.config.batch_size,
             "max_batch_requests": None,
             "max_client_batch_size": settings.max_inputs_per_request,
             "auto_truncate": truncate_for(entry, settings),
             "tokenization_workers": 1,
             "version": __version__,
-            "served_name": entry.name,
+            "served_model_name": entry.name,
             "prompts": dict(entry.prompts.prompts) or None,
             "default_prompt": entry.prompts.default,
         }
