@@ -101,3 +101,36 @@ async def test_a_runner_waits_for_a_data_dir_another_process_holds(tmp_path: Pat
         await _runner(client, "running")
         batch = await _run_one_batch(client)
         assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 1
+
+
+def test_threads_opening_the_store_at_once_share_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A route's thread and the runner both open the store first: without one lock the
+    second Store in this process found the data dir's lock taken (503 data_dir_in_use, or a
+    runner waiting 5 s), seen as a flaky restart count under load."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from openai_compat.batch.service import BatchService
+    from openai_compat.lifecycle import Lifecycle
+
+    real_init = Store.__init__
+
+    def slow_init(self: Store, *args: Any, **kwargs: Any) -> None:
+        time.sleep(0.05)  # every opener is inside the constructor at once
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "__init__", slow_init)
+    service = BatchService(_settings(tmp_path / "data"), Lifecycle())
+    start = threading.Barrier(6)
+
+    def open_store(_: int) -> Store:
+        start.wait()
+        return service.store
+
+    with ThreadPoolExecutor(6) as pool:
+        stores = list(pool.map(open_store, range(6)))
+    assert all(s is stores[0] for s in stores)
+    stores[0].close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -34,6 +35,7 @@ class BatchService:
         self.settings = settings
         self.lifecycle = lifecycle
         self._store: Store | None = None
+        self._store_lock = threading.Lock()
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._registry: Registry | None = None
@@ -52,7 +54,13 @@ class BatchService:
         )
 
     def _lazy_store(self) -> Store:
-        """Opened on first use (a server that never sees the Batch API creates nothing)."""
+        """Opened on first use (a server that never sees the Batch API creates nothing).
+        Under a lock: a route's thread and the runner may both open it first, and a second
+        Store in this process would find the data dir's lock taken (StoreBusy)."""
+        with self._store_lock:
+            return self._open_store()
+
+    def _open_store(self) -> Store:
         if self._store is None:
             try:
                 self._store = Store(
