@@ -27,9 +27,19 @@ def _pointer(*parts: str) -> str:
 
 
 class Contract:
-    def __init__(self, peer: str, error_schema: str | None = None) -> None:
+    def __init__(
+        self,
+        peer: str,
+        error_schema: str | None = None,
+        not_required: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:
+        """`not_required`: schema -> keys its `required` lists that the peer's running server
+        does not send (each use says why)."""
         self.peer = peer
         self.doc: dict[str, Any] = json.loads((CONTRACTS / f"{peer}.json").read_text())
+        for name, keys in (not_required or {}).items():
+            schema = self.doc["components"]["schemas"][name]
+            schema["required"] = [k for k in schema["required"] if k not in keys]
         self.uri = f"urn:contract:{peer}"
         v30 = self.doc["openapi"].startswith("3.0")
         self.validator = OAS30Validator if v30 else OAS31Validator

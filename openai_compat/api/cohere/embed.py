@@ -124,6 +124,12 @@ def _entry(registry: Registry, body: EmbedRequestV1, inputs: _Inputs) -> ModelEn
     return entry
 
 
+# Cohere's EmbedInputType
+COHERE_INPUT_TYPES = frozenset(
+    {"search_document", "search_query", "classification", "clustering", "image"}
+)
+
+
 async def _embed(request: Request, model: type[EmbedRequestV1], version: str) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, model)
@@ -139,6 +145,17 @@ async def _embed(request: Request, model: type[EmbedRequestV1], version: str) ->
         types = ["float"]
     if types is not None:
         check_types(types, dimensions or entry.dimensions, "embedding_types")
+    if (
+        body.input_type is not None
+        and body.input_type not in COHERE_INPUT_TYPES
+        and body.input_type not in entry.prompts.prompts
+    ):  # Cohere's enum (EmbedInputType), or one of the model's own prompt names
+        raise BadRequest(
+            f"'input_type' must be one of {', '.join(sorted(COHERE_INPUT_TYPES))} or a prompt "
+            f"name of model {entry.name!r}; got {body.input_type!r}.",
+            param="input_type",
+            code="invalid_input_type",
+        )
     prompt = entry.prompts.choose(entry.name, input_type=body.input_type)
 
     parts: list[tuple[list[int], list[Any]]] = []
