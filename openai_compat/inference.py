@@ -16,12 +16,13 @@ import numpy as np
 
 from openai_compat.encoding import as_matrix
 from openai_compat.engine import adapter
+from openai_compat.engine.usage import TokenIds
 from openai_compat.errors import BadRequest
 from openai_compat.media import IMAGE_META, MediaError, MediaFetcher, Modality
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
 from openai_compat.sparse import check_finite as check_sparse_finite
-from openai_compat.tokens import Names, input_names
+from openai_compat.tokens import Names, input_names, too_long_error
 
 # Token ids beyond this many per request are decoded in a worker thread, off the event loop.
 _INLINE_IDS = 8192
@@ -93,8 +94,12 @@ async def texts_from_input(
             code="token_ids_not_supported",
         )
     if sum(len(b) for b in batches) <= _INLINE_IDS:
-        return list(decoder.decode(batches))
-    return list(await asyncio.to_thread(decoder.decode, batches))
+        texts = list(decoder.decode(batches))
+    else:
+        texts = list(await asyncio.to_thread(decoder.decode, batches))
+    if entry.exact_token_ids:  # the model's own ids: embedded as sent, not re-tokenized
+        return [TokenIds(text, ids) for text, ids in zip(texts, batches, strict=True)]
+    return texts
 
 
 def truncate_for(entry: ModelEntry, settings: Settings) -> bool:
@@ -138,9 +143,11 @@ async def _embed(
     prompt: str,
     truncate: bool | None,
 ) -> EmbedResult:
+    truncate = truncate_for(entry, settings) if truncate is None else truncate
+    if texts and isinstance(texts[0], TokenIds):
+        return await _embed_ids(entry, texts, settings, names, truncate)  # no prompt: as sent
     if prompt:
         texts = [prompt + t for t in texts]
-    truncate = truncate_for(entry, settings) if truncate is None else truncate
     counter = entry.counter
     with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
         if counter is not None and (not truncate or counter.needs_cutting(texts)):
@@ -158,6 +165,24 @@ async def _embed(
             counter.usage(texts, truncate=True), entry.embed(list(texts))
         )
         return EmbedResult(vectors, tokens)
+
+
+async def _embed_ids(
+    entry: ModelEntry, texts: Sequence[str], settings: Settings, names: Names, truncate: bool
+) -> EmbedResult:
+    """Inputs given as the model's own ids: usage is their count (after truncation to the
+    model's limit, or a 400 without truncation), the vectors those ids' exactly."""
+    inputs = [t for t in texts if isinstance(t, TokenIds)]
+    limit = entry.max_length
+    if limit is not None:
+        for i, t in enumerate(inputs):
+            if len(t.ids) > limit:
+                if not truncate:
+                    raise too_long_error(names(i), len(t.ids), limit)
+                inputs[i] = TokenIds(t, t.ids[:limit])
+    with entry.admit(len(inputs), settings.max_queued_inputs), engine_errors():
+        vectors, _ = await entry.embed(list(inputs))
+    return EmbedResult(vectors, sum(len(t.ids) for t in inputs))
 
 
 def check_raw_output(entry: ModelEntry, param: str = "normalize") -> None:

@@ -238,6 +238,7 @@ async def describe(
         multivector=multivector,
         engine_counts=engine_counts,
         raw_output=raw_output,
+        exact_token_ids=config.token_ids == "model" and adapter.accepts_token_ids(replica),
         image_tokens=adapter.image_tokens(replica) if "image" in caps else 0,
         sampling_rate=adapter.sampling_rate(replica) if "audio" in caps else None,
         cosine_rerank="embed" in native and "rerank" in caps and sparse_size is None,

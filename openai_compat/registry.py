@@ -38,6 +38,7 @@ class ModelEntry:
     multivector: bool = False  # one vector per token (ColBERT-style), not one per input
     engine_counts: bool = False  # the engine reports each embedding's tokens (no 2nd pass)
     raw_output: bool = False  # vectors keep their pre-normalisation norm (TEI normalize=false)
+    exact_token_ids: bool = False  # token_ids = "model": ids reach the model as given
     sparse: bool = False  # SPLADE: sparse vectors (sparse.SparseVector), dimensions = vocabulary
     image_tokens: int = 0  # tokens one image is to the model (ViT patches + class token)
     sampling_rate: int | None = None  # what audio inputs must be sampled at

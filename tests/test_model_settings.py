@@ -100,8 +100,8 @@ EFFECTS: dict[str, tuple[str, str]] = {
         "test_no_truncate_setting_refuses_long_input_with_index_and_length",
     ),
     "token_ids": (
-        "tests/test_inference.py",
-        "test_token_ids_on_a_model_that_refuses_them",
+        HERE,
+        "test_token_ids_model_embeds_exactly_the_ids_sent",
     ),
     "prompts": (
         "tests/test_e2e_prompts_cohere.py",
@@ -134,7 +134,8 @@ def _vectors(body: dict[str, Any]) -> np.ndarray:
 
 def _minilm(**options: Any) -> ModelConfig:
     options.setdefault("quantization_range", 0.3)  # no int8 calibration: fewer engine calls
-    return ModelConfig(model="builtin:all-MiniLM-L6-v2", name="m", **options)
+    options.setdefault("name", "m")
+    return ModelConfig(model="builtin:all-MiniLM-L6-v2", **options)
 
 
 @pytest.mark.slow
@@ -305,3 +306,47 @@ async def test_trust_remote_code_runs_the_folders_own_model_code(
     want = st_model.encode(TEXTS, normalize_embeddings=True)
     np.testing.assert_allclose(got["plain"], want, atol=1e-5)  # its code is not run
     np.testing.assert_allclose(got["trusted"], -want, atol=1e-5)  # its code is run
+
+
+def _direct_ids(minilm_path: str, rows: list[list[int]]) -> np.ndarray:
+    """MiniLM run by transformers on exactly these ids: mean-pooled, normalised."""
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(minilm_path).eval()
+    out = []
+    with torch.inference_mode():
+        for ids in rows:
+            hidden = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            pooled = hidden.mean(0)
+            out.append((pooled / pooled.norm()).numpy())
+    return np.array(out)
+
+
+@pytest.mark.slow
+async def test_token_ids_model_embeds_exactly_the_ids_sent(minilm_path: str) -> None:
+    """token_ids = "model": [1,1,1,1,1] is 5 tokens and the vector of those ids (it was their
+    decoded text re-tokenized: 22 tokens, another vector); usage counts the ids; ids past the
+    model's limit are cut (or refused with truncation off)."""
+    models = (
+        _minilm(name="ids", token_ids="model", model_warmup=False),
+        _minilm(name="strict", token_ids="model", truncate=False, model_warmup=False),
+    )
+    rows = [[1, 1, 1, 1, 1], [101, 7592, 2088, 102]]
+    async with app_client(Settings(models=models)) as c:
+        r = await c.post("/v1/embeddings", json={"model": "ids", "input": rows})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        long = await c.post("/v1/embeddings", json={"model": "ids", "input": [[2023] * 300]})
+        refused = await c.post("/v1/embeddings", json={"model": "strict", "input": [[2023] * 300]})
+        text = await c.post("/v1/embeddings", json={"model": "ids", "input": ["hello world"]})
+    assert body["usage"]["prompt_tokens"] == 9
+    np.testing.assert_allclose(_vectors(body), _direct_ids(minilm_path, rows), atol=1e-5)
+    assert long.json()["usage"]["prompt_tokens"] == 256  # the model's limit
+    np.testing.assert_allclose(
+        _vectors(long.json())[0], _direct_ids(minilm_path, [[2023] * 256])[0], atol=1e-5
+    )
+    assert refused.status_code == 400 and "300 tokens" in refused.json()["error"]["message"]
+    # text on the same model is tokenized as usual ([CLS] hello world [SEP])
+    assert text.json()["usage"]["prompt_tokens"] == 4
+    np.testing.assert_allclose(_vectors(text.json())[0], _vectors(body)[1], atol=1e-5)

@@ -21,7 +21,9 @@ import numpy as np
 
 from openai_compat.engine.usage import (  # noqa: F401 (re-exported)
     TokenCountedArray,
+    TokenIds,
     engine_token_count,
+    features_from_ids,
     length_estimate,
     raw_vectors,
 )
@@ -345,7 +347,10 @@ def count_tokens_in_engine(replica: Any) -> bool:
         replica.normalize_embeddings = False
 
     def encode_pre(sentences: list[str]) -> tuple[Any, list[int] | None]:
-        features = pre(sentences)
+        if any(isinstance(s, TokenIds) for s in sentences):
+            features = features_from_ids(replica, sentences)
+        else:
+            features = pre(sentences)
         mask = features.get("attention_mask") if isinstance(features, dict) else None
         return features, (mask.sum(dim=1).tolist() if mask is not None else None)
 
@@ -374,4 +379,10 @@ def count_tokens_in_engine(replica: Any) -> bool:
 
     replica.encode_pre, replica.encode_core = encode_pre, encode_core
     replica.encode_post = encode_post
+    replica.openai_compat_token_ids = True  # TokenIds inputs are embedded as given
     return True
+
+
+def accepts_token_ids(replica: Any) -> bool:
+    """Whether the engine embeds TokenIds inputs exactly (count_tokens_in_engine installed)."""
+    return getattr(replica, "openai_compat_token_ids", False) is True

@@ -10,6 +10,19 @@ from typing import Any
 import numpy as np
 
 
+class TokenIds(str):
+    """An input given as the model's own token ids (token_ids = "model"): the engine embeds
+    exactly `ids` (engine/adapter.py builds its features from them, no tokenizer); the string
+    is their decoded text, for logs and length estimates."""
+
+    ids: tuple[int, ...]
+
+    def __new__(cls, text: str, ids: Sequence[int]) -> TokenIds:
+        made = super().__new__(cls, text)
+        made.ids = tuple(int(i) for i in ids)
+        return made
+
+
 class TokenCountedArray(np.ndarray):
     """An embedding that carries how many tokens the model saw for it (specials included,
     after truncation): read from the attention mask of the engine's own tokenisation; and,
@@ -45,3 +58,28 @@ def engine_token_count(vectors: Sequence[Any]) -> int | None:
             return None
         total += tokens
     return total
+
+
+def features_from_ids(replica: Any, sentences: list[str]) -> dict[str, Any]:
+    """The batch's features as sentence-transformers' tokenize makes them, with TokenIds
+    rows taken as given (no special tokens added, no tokenizer) and text rows tokenized."""
+    import torch
+
+    tokenizer = replica.tokenizer  # sentence-transformers' own (public) attributes
+
+    rows: list[list[int]] = [list(s.ids) if isinstance(s, TokenIds) else [] for s in sentences]
+    texts = [i for i, s in enumerate(sentences) if not isinstance(s, TokenIds)]
+    if texts:
+        limit = replica.max_seq_length
+        encoded = tokenizer([sentences[i] for i in texts], truncation=True, max_length=limit)
+        for i, ids in zip(texts, encoded["input_ids"], strict=True):
+            rows[i] = list(ids)
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id or 0
+    features = {
+        "input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows]),
+        "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+    }
+    if "token_type_ids" in tokenizer.model_input_names:
+        features["token_type_ids"] = torch.zeros_like(features["input_ids"])
+    return features
