@@ -36,11 +36,16 @@ def finite(matrix: np.ndarray) -> np.ndarray:
     return matrix
 
 
-def truncate_dimensions(matrix: np.ndarray, dimensions: int | None) -> np.ndarray:
-    """Keep the first `dimensions` values of each row and L2-normalise them again."""
+def truncate_dimensions(
+    matrix: np.ndarray, dimensions: int | None, *, renormalize: bool = True
+) -> np.ndarray:
+    """Keep the first `dimensions` values of each row and L2-normalise them again (OpenAI's
+    shortened vectors are unit length; infinity-emb's matryoshka cut is not renormalised)."""
     if dimensions is None or dimensions >= matrix.shape[-1]:
         return matrix
     cut = matrix[..., :dimensions]
+    if not renormalize:
+        return np.ascontiguousarray(cut, dtype="<f4")
     norms = np.linalg.norm(cut, axis=-1, keepdims=True)
     np.maximum(norms, np.finfo(np.float32).tiny, out=norms)
     return np.ascontiguousarray(cut / norms, dtype="<f4")
@@ -71,13 +76,16 @@ def embedding_payload(
     dimensions: int | None,
     model: str,
     prompt_tokens: int,
+    renormalize: bool = True,
 ) -> bytes:
-    """The OpenAI embeddings response body, as bytes."""
+    """The OpenAI embeddings response body, as bytes (`renormalize`: see truncate_dimensions)."""
     first = np.asarray(vectors[0]) if len(vectors) else np.zeros(0)
     if first.ndim == 2 or any(np.ndim(v) != first.ndim for v in vectors):
         data = []
         for i, v in enumerate(vectors):
-            item = truncate_dimensions(np.atleast_2d(np.asarray(v, dtype="<f4")), dimensions)
+            item = truncate_dimensions(
+                np.atleast_2d(np.asarray(v, dtype="<f4")), dimensions, renormalize=renormalize
+            )
             data.append(
                 {
                     "object": "embedding",
@@ -87,7 +95,8 @@ def embedding_payload(
                 }
             )
     else:
-        rows = encode_rows(truncate_dimensions(as_matrix(vectors), dimensions), fmt)
+        matrix = truncate_dimensions(as_matrix(vectors), dimensions, renormalize=renormalize)
+        rows = encode_rows(matrix, fmt)
         data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
     body = {
         "object": "list",

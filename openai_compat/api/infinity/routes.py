@@ -121,7 +121,8 @@ async def infinity_embeddings(request: Request) -> Response:
     if body.model == UNNAMED:
         modality = body.modality or "text"
         body.model = registry.default("embed" if modality == "text" else modality).name
-    return await serve_embeddings(request, body, dimensions)
+    # infinity's matryoshka cut keeps the first values as they are (batch_handler.py)
+    return await serve_embeddings(request, body, dimensions, renormalize=False)
 
 
 @router.get("/models", response_model=ModelList, responses=ERROR_RESPONSES)

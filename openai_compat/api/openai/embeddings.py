@@ -44,9 +44,10 @@ async def create_embeddings(request: Request) -> Response:
 
 
 async def serve_embeddings(
-    request: Request, body: EmbeddingRequest, dimensions: int | None
+    request: Request, body: EmbeddingRequest, dimensions: int | None, *, renormalize: bool = True
 ) -> Response:
-    """The embeddings answer for a parsed body (also behind infinity's bare /embeddings)."""
+    """The embeddings answer for a parsed body (also behind infinity's bare /embeddings,
+    which cuts `dimensions` without renormalising, as infinity does)."""
     registry, settings = ready_registry(request), settings_of(request)
     modality = body.modality or "text"
     capability = "embed" if modality == "text" else modality
@@ -85,6 +86,7 @@ async def serve_embeddings(
         dimensions=dimensions,
         model=body.model,
         prompt_tokens=result.tokens,
+        renormalize=renormalize,
     )
     return Response(payload, media_type="application/json")
 
