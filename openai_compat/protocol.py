@@ -148,6 +148,12 @@ class EmbeddingRequest(BaseModel):
         "search_query / search_document / classification / clustering (Cohere's names).",
     )
     prompt_name: StrictStr | None = Field(None, description="Extension: TEI's name for it.")
+    long_input: Literal["error", "truncate", "mean", "chunks"] | None = Field(
+        None,
+        description="Extension: what a text longer than the model's window gets: 'error' "
+        "(400), 'truncate', 'mean' (its windows' vectors averaged by tokens) or 'chunks' (one "
+        "vector per window with character offsets, in data[i].chunks, beside the mean).",
+    )
     task: StrictStr | None = Field(
         None, description="Extension: Jina's name for it (retrieval.query, retrieval.passage...)."
     )

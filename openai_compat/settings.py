@@ -103,6 +103,10 @@ class ModelConfig(BaseModel):
     truncate: bool | None = Field(
         None, description="Truncate over-long inputs (true) or refuse them with 400 (false)."
     )
+    long_input: Literal["error", "truncate", "mean", "chunks"] | None = Field(
+        None, description="Texts past the window: error, truncate, mean or chunks (long_inputs.py)."
+    )
+    window_overlap: int = Field(32, ge=0, description="Tokens consecutive windows share.")
     token_ids: Literal["cl100k_base", "model", "reject"] = Field(
         "cl100k_base",
         description="How token-id input is read: OpenAI's cl100k_base ids (what LangChain "
@@ -110,20 +114,14 @@ class ModelConfig(BaseModel):
     )
     prompts: dict[str, str] | None = Field(
         None,
-        description="Named prompts (prefixes the model sees before each text), e.g. "
-        "{query = 'query: ', document = 'passage: '}; replaces the model folder's "
-        "sentence-transformers prompts.",
+        description="Named prompts (prefixes the model sees before each text), e.g. {query = "
+        "'query: '}; replaces the model folder's sentence-transformers prompts.",
     )
     default_prompt: str | None = Field(
-        None,
-        description="The prompt used when a request names none (default: the model folder's "
-        "default_prompt_name; else no prompt).",
+        None, description="The prompt for requests that name none (default: the folder's)."
     )
     quantization_range: float | None = Field(
-        None,
-        gt=0,
-        description="Largest |value| the int8/uint8 embedding types represent (default: "
-        "calibrated at load from a fixed text set).",
+        None, gt=0, description="Largest |value| int8/uint8 represent (default: calibrated)."
     )
 
     @property
@@ -208,6 +206,8 @@ class Settings(BaseModel):
         2048, "Most inputs one embeddings or classify request may carry.", ge=1
     )
     max_rerank_documents: int = _opt(10000, "Most documents one rerank request may carry.", ge=1)
+    max_windows_per_input: int = _opt(64, "Most windows one long input becomes.", ge=1)
+    max_windows_per_request: int = _opt(512, "Most windows of one request's inputs.", ge=1)
     max_tokenize_chars: int = _opt(
         131_072,
         "Most characters one /tokenize request may carry, its texts together: about 30k "

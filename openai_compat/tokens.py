@@ -146,7 +146,7 @@ class TokenCounter:
         # and for the exact length in error messages.
         self._plain = Tokenizer.from_str(self._tok.to_str())
         self._plain.no_truncation()
-        self._specials = self._plain.num_special_tokens_to_add(False)
+        self.specials = int(self._plain.num_special_tokens_to_add(False))  # [CLS], [SEP]: 2
         self._pair_specials = self._plain.num_special_tokens_to_add(True)
         if max_length:
             # One past the limit: enough to tell "too long".
@@ -158,8 +158,8 @@ class TokenCounter:
 
     # ------------------------------------------------------------ blocking primitives
 
-    def _one(self, text: str, *, add_special_tokens: bool = True) -> Any:
-        """One text's encoding, untruncated. Through encode_batch: the tokenizers binding
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> Any:
+        """One text's encoding, untruncated (blocking). Through encode_batch: the tokenizers binding
         releases the GIL there and not in encode, and a megabyte of text is hundreds of ms
         of Rust that the event loop's thread must not wait out."""
         (encoding,) = self._plain.encode_batch([text], add_special_tokens=add_special_tokens)
@@ -171,7 +171,7 @@ class TokenCounter:
         window = max(n, 1) * _CHARS_PER_TOKEN
         while True:
             whole = window >= len(text)
-            enc = self._one(text if whole else text[:window], add_special_tokens=False)
+            enc = self.encode(text if whole else text[:window], add_special_tokens=False)
             complete = len(enc.ids) if whole else _before_last_word(enc.word_ids)
             if complete > n:
                 return int(enc.offsets[n - 1][1]) if n else 0
@@ -186,7 +186,7 @@ class TokenCounter:
         while True:
             whole = window >= len(text)
             start = 0 if whole else len(text) - window
-            enc = self._one(text[start:], add_special_tokens=False)
+            enc = self.encode(text[start:], add_special_tokens=False)
             total = len(enc.ids)
             complete = total - (0 if whole else _after_first_word(enc.word_ids))
             if complete > n:
@@ -221,19 +221,19 @@ class TokenCounter:
         """Untruncated token count, for error messages (blocking: run it in a thread). Huge
         texts are counted in pieces split at whitespace."""
         if len(text) <= 4 * _COUNT_PIECE:
-            return len(self._one(text).ids)
-        total, start = self._specials, 0
+            return len(self.encode(text).ids)
+        total, start = self.specials, 0
         while start < len(text):
             end = min(len(text), start + _COUNT_PIECE)
             while end < len(text) and not text[end].isspace() and end - start < 2 * _COUNT_PIECE:
                 end += 1
-            total += len(self._one(text[start:end], add_special_tokens=False).ids)
+            total += len(self.encode(text[start:end], add_special_tokens=False).ids)
             start = end
         return total
 
     def pair_full_length(self, query: str, doc: str) -> int:
         """Untruncated tokens of a (query, document) pair, for error messages (blocking)."""
-        texts = self.full_length(query) + self.full_length(doc) - 2 * self._specials
+        texts = self.full_length(query) + self.full_length(doc) - 2 * self.specials
         return texts + self._pair_specials
 
     # ------------------------------------------------------------ async API
@@ -316,8 +316,8 @@ class TokenCounter:
             i = int(over[0])
             full = await asyncio.to_thread(self.full_length, prompted[i])
             raise too_long_error(names(i), full, limit)
-        used = len(self._one(prompt, add_special_tokens=False).ids) if prompt else 0
-        budget = max(limit - self._specials - used, 0)
+        used = len(self.encode(prompt, add_special_tokens=False).ids) if prompt else 0
+        budget = max(limit - self.specials - used, 0)
 
         def cut() -> list[str]:
             for i in over:

@@ -99,6 +99,14 @@ EFFECTS: dict[str, tuple[str, str]] = {
         "tests/test_e2e_embeddings.py",
         "test_no_truncate_setting_refuses_long_input_with_index_and_length",
     ),
+    "long_input": (
+        "tests/test_long_inputs.py",
+        "test_chunks_cover_the_text_and_each_is_the_slices_vector",
+    ),
+    "window_overlap": (  # windows overlap: each starts before the last one ended
+        "tests/test_long_inputs.py",
+        "test_chunks_cover_the_text_and_each_is_the_slices_vector",
+    ),
     "token_ids": (
         HERE,
         "test_token_ids_model_embeds_exactly_the_ids_sent",

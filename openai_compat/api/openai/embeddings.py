@@ -15,6 +15,7 @@ from openai_compat.api.request import (
     settings_of,
 )
 from openai_compat.encoding import embedding_payload, orjson_response
+from openai_compat.engine.usage import TokenIds
 from openai_compat.errors import BadRequest
 from openai_compat.inference import (
     EmbedResult,
@@ -23,9 +24,11 @@ from openai_compat.inference import (
     embed_texts,
     texts_from_input,
 )
+from openai_compat.long_inputs import embed_long, long_payload
 from openai_compat.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingResponse
 from openai_compat.registry import ModelEntry
 from openai_compat.sparse import check_options, embedding_object
+from openai_compat.tokens import input_names
 
 router = APIRouter(tags=["embeddings"])
 
@@ -70,7 +73,17 @@ async def serve_embeddings(
             entry.name, input_type=body.input_type, prompt_name=body.prompt_name, task=body.task
         )
         texts = await texts_from_input(body.input, entry, settings)
-        result = await embed_texts(entry, texts, settings, prompt=prompt)
+        mode = body.long_input or entry.config.long_input
+        if mode in ("mean", "chunks") and not isinstance(texts[0], TokenIds):
+            long = await embed_long(entry, texts, settings, input_names, prompt=prompt)
+            note(request, entry.name, len(texts), long.tokens)
+            fmt = body.encoding_format or "float"
+            payload = long_payload(
+                long, mode=mode, fmt=fmt, dimensions=dimensions, model=body.model
+            )
+            return Response(payload, media_type="application/json")
+        truncate = None if mode is None else mode == "truncate"
+        result = await embed_texts(entry, texts, settings, prompt=prompt, truncate=truncate)
     else:
         items = [body.input] if isinstance(body.input, str) else body.input
         if not all(isinstance(i, str) for i in items):

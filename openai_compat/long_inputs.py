@@ -1,0 +1,177 @@
+"""Texts longer than the model's window (`long_input` "mean" and "chunks").
+
+Each long text is split into windows of the model's length (TokenCounter.windows: cut where a
+word starts, consecutive windows sharing `window_overlap` tokens, the request's prompt in
+every window); every window goes through the normal embedding path (batching, admission,
+truncation, usage); "mean" combines a text's window vectors weighted by their token counts
+and renormalises, "chunks" also returns each window's vector with its character offsets.
+`usage` counts every token embedded, overlaps included: nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+
+from openai_compat.encoding import EncodingFormat, as_matrix, encode_rows, truncate_dimensions
+from openai_compat.errors import BadRequest
+from openai_compat.inference import embed_texts
+from openai_compat.registry import ModelEntry
+from openai_compat.settings import Settings
+from openai_compat.tokens import Names, TokenCounter
+
+Mode = Literal["mean", "chunks"]
+
+
+@dataclass
+class Chunk:
+    start: int  # character offsets of the window in the input
+    end: int
+    tokens: int  # tokens the model saw for it (prompt and special tokens included)
+    vector: np.ndarray
+
+
+@dataclass
+class LongResult:
+    vectors: list[np.ndarray]  # one per input: its windows' token-weighted mean, unit length
+    chunks: list[list[Chunk]]
+    tokens: int
+
+
+def windows(counter: TokenCounter, text: str, size: int, overlap: int) -> list[tuple[int, int]]:
+    """Character spans of `text` holding at most `size` content tokens each, cut only where
+    a word starts (re-tokenizing a span gives its tokens again), consecutive spans sharing
+    about `overlap` tokens; one span (the whole text) when it fits. Blocking."""
+    enc = counter.encode(text, add_special_tokens=False)
+    offsets, words = enc.offsets, enc.word_ids
+    n = len(offsets)
+    if n <= size:
+        return [(0, len(text))]
+    starts = [i == 0 or words[i] != words[i - 1] for i in range(n)]
+
+    def back_to_word_start(i: int, floor: int) -> int:
+        j = i
+        while j > floor and not starts[j]:
+            j -= 1
+        return j if j > floor else i  # a word longer than the window is cut inside
+
+    spans, first = [], 0
+    while True:
+        end = n if first + size >= n else back_to_word_start(first + size, first)
+        spans.append((int(offsets[first][0]), int(offsets[end - 1][1])))
+        if end >= n:
+            return spans
+        after = back_to_word_start(max(end - overlap, first + 1), first)
+        first = after if after > first else end
+
+
+def _check_model(entry: ModelEntry) -> int:
+    counter = entry.counter
+    if counter is None or counter.max_length is None or entry.multivector or entry.sparse:
+        raise BadRequest(
+            f"Model {entry.name!r} cannot split long inputs into windows (it needs one vector "
+            "per text and a tokenizer with a length limit); use long_input 'truncate' or "
+            "'error'.",
+            param="long_input",
+            code="unsupported_parameter",
+        )
+    return counter.max_length
+
+
+async def embed_long(
+    entry: ModelEntry,
+    texts: list[str],
+    settings: Settings,
+    names: Names,
+    *,
+    prompt: str,
+) -> LongResult:
+    limit = _check_model(entry)
+    counter = entry.counter
+    assert counter is not None
+
+    def split() -> tuple[int, list[list[tuple[int, int]]]]:
+        prompt_tokens = len(counter.encode(prompt, add_special_tokens=False).ids) if prompt else 0
+        size = limit - counter.specials - prompt_tokens
+        if size < 1:
+            return size, []
+        overlap = min(entry.config.window_overlap, size // 2)
+        return size, [windows(counter, t, size, overlap) for t in texts]
+
+    size, spans = await asyncio.to_thread(split)
+    if size < 1:
+        raise BadRequest(
+            f"The prompt leaves no room in model {entry.name!r}'s window of {limit} tokens.",
+            param="long_input",
+            code="unsupported_parameter",
+        )
+    for i, span in enumerate(spans):
+        if len(span) > settings.max_windows_per_input:
+            param, label = names(i)
+            raise BadRequest(
+                f"{label}: {len(span)} windows of {size} tokens, more than the "
+                f"{settings.max_windows_per_input} one input may have (max_windows_per_input).",
+                param=param,
+                code="too_many_windows",
+            )
+    total = sum(len(s) for s in spans)
+    if total > settings.max_windows_per_request:
+        raise BadRequest(
+            f"The inputs make {total} windows, more than the {settings.max_windows_per_request} "
+            "one request may have (max_windows_per_request).",
+            param=names(0)[0],
+            code="too_many_windows",
+        )
+    pieces = [text[a:b] for text, span in zip(texts, spans, strict=True) for a, b in span]
+    owner = [i for i, span in enumerate(spans) for _ in span]
+
+    def window_names(k: int) -> tuple[str, str]:
+        param, label = names(owner[k])
+        return param, f"{label} (window {k})"
+
+    result = await embed_texts(entry, pieces, settings, window_names, prompt=prompt, truncate=True)
+    counts = await asyncio.to_thread(
+        lambda: [min(len(counter.encode(prompt + p).ids), limit) for p in pieces]
+    )
+    matrix = as_matrix(result.vectors)
+    vectors, chunks, k = [], [], 0
+    for span in spans:
+        rows = matrix[k : k + len(span)]
+        weights = np.asarray(counts[k : k + len(span)], dtype=np.float64)[:, None]
+        pooled = (rows.astype(np.float64) * weights).sum(axis=0)
+        pooled /= max(float(np.linalg.norm(pooled)), 1e-12)
+        vectors.append(pooled.astype(np.float32))
+        chunks.append([Chunk(a, b, counts[k + j], rows[j]) for j, (a, b) in enumerate(span)])
+        k += len(span)
+    return LongResult(vectors, chunks, result.tokens)
+
+
+def long_payload(
+    result: LongResult,
+    *,
+    mode: Mode,
+    fmt: EncodingFormat,
+    dimensions: int | None,
+    model: str,
+) -> bytes:
+    """OpenAI's embeddings body; with "chunks", each data[i] also has its windows."""
+    pooled = encode_rows(truncate_dimensions(as_matrix(result.vectors), dimensions), fmt)
+    data: list[dict[str, Any]] = []
+    for i, vector in enumerate(pooled):
+        item: dict[str, Any] = {"object": "embedding", "index": i, "embedding": vector}
+        if mode == "chunks":
+            rows = truncate_dimensions(
+                np.stack([c.vector for c in result.chunks[i]]).astype("<f4"), dimensions
+            )
+            item["chunks"] = [
+                {"embedding": e, "start": c.start, "end": c.end, "tokens": c.tokens}
+                for e, c in zip(encode_rows(rows, fmt), result.chunks[i], strict=True)
+            ]
+        data.append(item)
+    usage = {"prompt_tokens": result.tokens, "total_tokens": result.tokens}
+    body = {"object": "list", "data": data, "model": model, "usage": usage}
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -1,0 +1,127 @@
+"""Texts longer than the model's window (`long_input`): "chunks" windows cover the text, start
+where words start, and each window's vector is sentence-transformers' encode of that slice;
+"mean" is their token-weighted mean, renormalised; retrieval finds an answer past the first
+window where "truncate" cannot; the window limits are 400s naming the input; "error" and
+"truncate" keep their meaning. In process, on the packaged MiniLM (256 tokens)."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from openai_compat.settings import ModelConfig, Settings
+from tests.utils import app_client
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+FILLER = (
+    "The committee reviewed the quarterly figures and discussed the schedule for the next "
+    "meeting, noting that several items would be carried over. "
+)
+DOC = FILLER * 60 + "The lighthouse keeper's cat is named Saffron and sleeps on the lamp."
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    model = ModelConfig(
+        model="builtin:all-MiniLM-L6-v2", name="m", quantization_range=0.3, window_overlap=16
+    )
+    settings = Settings(models=(model,), max_windows_per_input=40, max_windows_per_request=60)
+    async with app_client(settings) as c:
+        yield c
+
+
+async def _embed(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
+    r = await client.post("/v1/embeddings", json={"model": "m", **body})
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+async def test_chunks_cover_the_text_and_each_is_the_slices_vector(
+    client: httpx.AsyncClient, st_model: Any
+) -> None:
+    body = await _embed(client, input=DOC, long_input="chunks")
+    chunks = body["data"][0]["chunks"]
+    tokenizer = st_model.tokenizer
+    assert len(chunks) > 3 and chunks[0]["start"] == 0 and chunks[-1]["end"] == len(DOC)
+    for before, after in itertools.pairwise(chunks):
+        assert after["start"] <= before["end"]  # no gap: windows overlap
+        start = after["start"]  # where a word (or a punctuation mark) starts, never inside one
+        assert not (DOC[start - 1].isalnum() and DOC[start].isalnum())
+    slices = [DOC[c["start"] : c["end"]] for c in chunks]
+    want = st_model.encode(slices, normalize_embeddings=True)
+    got = np.array([c["embedding"] for c in chunks])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    tokens = [len(tokenizer(s)["input_ids"]) for s in slices]
+    assert [c["tokens"] for c in chunks] == tokens and max(tokens) <= 256
+    assert body["usage"]["prompt_tokens"] == sum(tokens)  # every window, overlaps included
+    pooled = (want * np.array(tokens)[:, None]).sum(axis=0)
+    pooled /= np.linalg.norm(pooled)
+    np.testing.assert_allclose(body["data"][0]["embedding"], pooled, atol=1e-5)
+    mean = await _embed(client, input=[DOC, "short text"], long_input="mean")
+    np.testing.assert_allclose(mean["data"][0]["embedding"], pooled, atol=1e-5)
+    assert "chunks" not in mean["data"][0]
+    np.testing.assert_allclose(  # a text that fits is its own single window
+        mean["data"][1]["embedding"], st_model.encode("short text"), atol=1e-5
+    )
+    coded = await _embed(client, input=DOC, long_input="chunks", encoding_format="base64")
+    for chunk, plain in zip(coded["data"][0]["chunks"], chunks, strict=True):
+        floats = np.frombuffer(base64.b64decode(chunk["embedding"]), dtype="<f4")
+        np.testing.assert_array_equal(floats, np.asarray(plain["embedding"], dtype="<f4"))
+
+
+async def test_an_answer_past_the_first_window_is_found_only_by_windows(
+    client: httpx.AsyncClient,
+) -> None:
+    endings = [
+        "The lighthouse keeper's cat is named Saffron and sleeps on the lamp.",
+        "Quarterly tax filings are due at the end of April for most firms.",
+        "The football final was postponed because of heavy snow in the city.",
+    ]
+    docs = [FILLER * 30 + e for e in endings]
+    query = await _embed(client, input="What is the name of the lighthouse keeper's cat?")
+    q = np.asarray(query["data"][0]["embedding"])
+
+    async def ranking(mode: str) -> list[float]:
+        body = await _embed(client, input=docs, long_input=mode)
+        if mode == "chunks":
+            return [
+                max(float(np.dot(q, c["embedding"])) for c in d["chunks"]) for d in body["data"]
+            ]
+        return [float(np.dot(q, d["embedding"])) for d in body["data"]]
+
+    for mode in ("mean", "chunks"):
+        scores = await ranking(mode)
+        assert int(np.argmax(scores)) == 0 and scores[0] > max(scores[1:]) + 0.01, (mode, scores)
+    cut = await ranking("truncate")  # the first window only: the same filler for all three
+    assert max(cut) - min(cut) < 1e-5
+
+
+async def test_limits_and_the_other_modes(client: httpx.AsyncClient) -> None:
+    huge = FILLER * 600  # about 70 windows
+    r = await client.post(
+        "/v1/embeddings", json={"model": "m", "input": ["x", huge], "long_input": "mean"}
+    )
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "input" and error["code"] == "too_many_windows"
+    assert error["message"].startswith("input[1]:") and "max_windows_per_input" in error["message"]
+    r = await client.post(
+        "/v1/embeddings", json={"model": "m", "input": [DOC] * 10, "long_input": "chunks"}
+    )
+    assert r.status_code == 400 and "max_windows_per_request" in r.json()["error"]["message"]
+    r = await client.post(
+        "/v1/embeddings", json={"model": "m", "input": DOC, "long_input": "error"}
+    )
+    assert r.status_code == 400 and "256" in r.json()["error"]["message"]
+    cut = await _embed(client, input=DOC, long_input="truncate")
+    assert cut["usage"]["prompt_tokens"] == 256  # what was kept
+    r = await client.post("/v1/embeddings", json={"model": "m", "input": DOC, "long_input": "all"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "long_input"
