@@ -222,9 +222,10 @@ async def describe(
         probe = np.asarray(vectors[0])
         dimensions = int(probe.shape[-1])
         multivector = probe.ndim == 2
+        # Cosine similarity of embeddings gives every single-vector model a rerank ability,
+        # MaxSim over token vectors every multi-vector one (late interaction).
+        caps = caps | {"rerank"}
         if not multivector:
-            # Cosine similarity of embeddings gives every single-vector model a rerank ability.
-            caps = caps | {"rerank"}
             quantizer = await calibrate(engine, config, cache_dir)
     return ModelEntry(
         config=config,
@@ -241,7 +242,10 @@ async def describe(
         exact_token_ids=config.token_ids == "model" and adapter.accepts_token_ids(replica),
         image_tokens=adapter.image_tokens(replica) if "image" in caps else 0,
         sampling_rate=adapter.sampling_rate(replica) if "audio" in caps else None,
-        cosine_rerank="embed" in native and "rerank" in caps and sparse_size is None,
+        cosine_rerank="embed" in native
+        and "rerank" in caps
+        and sparse_size is None
+        and not multivector,
         sparse=sparse_size is not None,
         prompts=prompts,
         quantizer=quantizer,

@@ -18,6 +18,7 @@ import numpy as np
 import orjson
 
 from openai_compat.encoding import EncodingFormat, as_matrix, encode_rows, truncate_dimensions
+from openai_compat.engine.usage import TokenIds
 from openai_compat.errors import BadRequest
 from openai_compat.inference import embed_texts
 from openai_compat.registry import ModelEntry
@@ -67,6 +68,17 @@ def windows(counter: TokenCounter, text: str, size: int, overlap: int) -> list[t
             return spans
         after = back_to_word_start(max(end - overlap, first + 1), first)
         first = after if after > first else end
+
+
+def mean_by_setting(entry: ModelEntry, texts: list[str]) -> bool:
+    """Whether a model's `long_input = "mean"` setting applies to these texts on routes whose
+    contract has no per-request choice (TEI's /embed, Cohere's embed)."""
+    return (
+        entry.config.long_input == "mean"
+        and not (entry.sparse or entry.multivector)
+        and bool(texts)
+        and not isinstance(texts[0], TokenIds)
+    )
 
 
 def _check_model(entry: ModelEntry) -> int:

@@ -200,7 +200,8 @@ class Registry:
         for capability in _VERB:
             able = [e for e in entries if capability in e.capabilities]
             if capability == "rerank":  # stable sorts: config order otherwise
-                able.sort(key=lambda e: (e.cosine_rerank, e.sparse))
+                # a cross-encoder, then MaxSim, then sparse, then cosine ranking
+                able.sort(key=lambda e: (e.cosine_rerank, e.sparse, e.multivector))
             elif capability == "embed":
                 able.sort(key=lambda e: e.multivector)
             if able:

@@ -88,7 +88,8 @@ async def rerank_texts(
 
     A cross-encoder ranks with its own sigmoid scores. A model that can only embed ranks by the
     cosine similarity of query and document embeddings, mapped to [0, 1] as (cos + 1) / 2.
-    A sparse (SPLADE) model ranks by the dot product of the sparse vectors (>= 0, unbounded).
+    A sparse (SPLADE) model ranks by the dot product of the sparse vectors (>= 0, unbounded), a
+    multi-vector (ColBERT-style) one by MaxSim over its token vectors (unbounded).
     """
     check_count(len(docs), settings.max_rerank_documents, docs_param, "documents")
     if max_tokens_per_doc is not None:
@@ -104,6 +105,8 @@ async def rerank_texts(
             docs = await entry.counter.truncate_texts(docs, max_tokens_per_doc)
     if entry.cosine_rerank:
         return await _cosine_rerank(entry, query, docs, settings, docs_param)
+    if entry.multivector:
+        return await _maxsim_rerank(entry, query, docs, settings, docs_param)
     if entry.sparse:
         return await _sparse_rerank(entry, query, docs, settings, docs_param)
     counter = entry.counter
@@ -187,6 +190,20 @@ async def _cosine_rerank(
     order = np.lexsort((np.arange(len(docs)), -scores))
     ranked = [RankedDocument(int(i), float(scores[i])) for i in order]
     return RerankResult(ranked, result.tokens)
+
+
+async def _maxsim_rerank(
+    entry: ModelEntry, query: str, docs: list[str], settings: Settings, docs_param: str
+) -> RerankResult:
+    """A multi-vector (ColBERT-style) model: late interaction. A document's score is the sum
+    over the query's token vectors of the largest dot product with the document's token
+    vectors (MaxSim), on the vectors the model serves; >= 0 is not implied (unbounded)."""
+    result = await embed_texts(entry, [query, *docs], settings, _rerank_names(docs_param))
+    q, *matrices = (np.asarray(v, dtype=np.float32) for v in result.vectors)
+    scores = np.asarray([float((q @ d.T).max(axis=1).sum()) for d in matrices])
+    finite_scores(entry, scores)
+    order = np.lexsort((np.arange(len(docs)), -scores))
+    return RerankResult([RankedDocument(int(i), float(scores[i])) for i in order], result.tokens)
 
 
 def _rerank_names(docs_param: str) -> Names:

@@ -89,22 +89,37 @@ def test_openai_sdk_reads_multivector_float_responses(colbert_server: RemoteServ
     assert isinstance(vectors, list) and len(vectors[0]) == 384  # type: ignore[arg-type]
 
 
-def test_rerank_and_classify_on_a_multi_vector_model_say_what_it_can_do(
-    colbert_server: RemoteServer,
+def test_rerank_is_maxsim_over_the_models_token_vectors(
+    colbert_server: RemoteServer, colbert_path: Path
 ) -> None:
-    for path, body in (
-        ("/v1/rerank", {"model": "colbert", "query": "q", "documents": ["a", "b"]}),
-        ("/v2/rerank", {"model": "colbert", "query": "q", "documents": ["a", "b"]}),
-        ("/v1/classify", {"model": "colbert", "input": "x"}),
-    ):
+    """Late interaction: a document's score is the sum over the query's token vectors of the
+    largest dot product with its own token vectors, from the model's token embeddings
+    (sentence-transformers, directly); it was a 400 before."""
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(colbert_path), device="cpu")
+    query = "What is the man eating?"
+    docs = [TEXT, "The stock market crashed today.", "hi"]
+    q = np.asarray(st.encode(query, output_value="token_embeddings"), dtype=np.float64)
+    want = [
+        float(
+            (q @ np.asarray(st.encode(d, output_value="token_embeddings"), dtype=np.float64).T)
+            .max(axis=1)
+            .sum()
+        )
+        for d in docs
+    ]
+    for path in ("/v1/rerank", "/v2/rerank"):
+        body = {"model": "colbert", "query": query, "documents": docs}
         r = httpx.post(colbert_server.url + path, json=body)
-        assert r.status_code == 400, (path, r.text)
-        if path.endswith("/rerank"):  # Cohere's routes: Cohere's error body
-            message = r.json()["message"]
-        else:
-            error = r.json()["error"]
-            assert error["param"] == "model" and error["code"] == "model_not_supported"
-            message = error["message"]
-        assert "multi-vector" in message and "it can: embed" in message
+        assert r.status_code == 200, (path, r.text)
+        results = r.json()["results"]
+        assert [x["index"] for x in results] == sorted(range(3), key=lambda i: -want[i])
+        for x in results:
+            assert x["relevance_score"] == pytest.approx(want[x["index"]], rel=1e-4)
+    r = httpx.post(colbert_server.url + "/v1/classify", json={"model": "colbert", "input": "x"})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == "model_not_supported"
+    assert "multi-vector" in error["message"] and "it can: embed, rerank" in error["message"]
     card = httpx.get(colbert_server.base_url + "/models/colbert").json()
-    assert card["capabilities"] == ["embed"]
+    assert card["capabilities"] == ["embed", "rerank"]

@@ -31,7 +31,11 @@ DOC = FILLER * 60 + "The lighthouse keeper's cat is named Saffron and sleeps on 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def client() -> AsyncIterator[httpx.AsyncClient]:
     model = ModelConfig(
-        model="builtin:all-MiniLM-L6-v2", name="m", quantization_range=0.3, window_overlap=16
+        model="builtin:all-MiniLM-L6-v2",
+        name="m",
+        quantization_range=0.3,
+        window_overlap=16,
+        long_input="mean",  # the model's setting; requests may choose otherwise
     )
     settings = Settings(models=(model,), max_windows_per_input=40, max_windows_per_request=60)
     async with app_client(settings) as c:
@@ -125,3 +129,29 @@ async def test_limits_and_the_other_modes(client: httpx.AsyncClient) -> None:
     assert cut["usage"]["prompt_tokens"] == 256  # what was kept
     r = await client.post("/v1/embeddings", json={"model": "m", "input": DOC, "long_input": "all"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "long_input"
+
+
+async def test_the_models_setting_reaches_tei_and_cohere(client: httpx.AsyncClient) -> None:
+    """TEI's /embed and Cohere's embed have no per-request choice: the model's `long_input =
+    "mean"` applies where they leave truncation to the model; their own truncate still wins."""
+    mean = np.asarray((await _embed(client, input=DOC))["data"][0]["embedding"])  # the default
+    cut = np.asarray(
+        (await _embed(client, input=DOC, long_input="truncate"))["data"][0]["embedding"]
+    )
+    assert float(np.abs(mean - cut).max()) > 0.01
+    tei = (await client.post("/embed", json={"inputs": DOC})).json()
+    np.testing.assert_allclose(tei[0], mean, atol=1e-5)
+    tei_cut = (await client.post("/embed", json={"inputs": DOC, "truncate": True})).json()
+    np.testing.assert_allclose(tei_cut[0], cut, atol=1e-5)
+    body = {
+        "model": "m",
+        "texts": [DOC],
+        "input_type": "search_document",
+        "embedding_types": ["float"],
+    }
+    cohere = (await client.post("/v2/embed", json=body)).json()
+    np.testing.assert_allclose(cohere["embeddings"]["float"][0], mean, atol=1e-5)
+    cohere_cut = (await client.post("/v2/embed", json={**body, "truncate": "END"})).json()
+    np.testing.assert_allclose(cohere_cut["embeddings"]["float"][0], cut, atol=1e-5)
+    r = await client.post("/v2/embed", json={**body, "truncate": "NONE"})
+    assert r.status_code == 422  # Cohere's NONE stays an error (its 422)
