@@ -187,3 +187,90 @@ def long_payload(
     usage = {"prompt_tokens": result.tokens, "total_tokens": result.tokens}
     body = {"object": "list", "data": data, "model": model, "usage": usage}
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+async def embed_late(
+    entry: ModelEntry,
+    texts: list[str],
+    settings: Settings,
+    names: Names,
+    *,
+    prompt: str,
+    spans: list[list[tuple[int, int]]] | None,
+    chunk_tokens: int | None,
+) -> LongResult:
+    """Late chunking (`long_input: "late"`): each text in one forward pass, then each span's
+    token vectors mean-pooled and normalised; `spans` are character offsets per input, else
+    runs of `chunk_tokens` tokens. The document must fit the model's window."""
+    from openai_compat.engine import adapter, late
+
+    limit = _check_model(entry)
+    counter = entry.counter
+    assert counter is not None
+    replica = adapter.replica_of(entry.engine)
+    mode = late.pooling_mode(replica)
+    if mode != "mean":
+        raise BadRequest(
+            f"Late chunking averages token vectors, which matches only a mean-pooling model; "
+            f"{entry.name!r} pools with {mode or 'no pooling module'!r}.",
+            param="long_input",
+            code="unsupported_parameter",
+        )
+    if spans is None and chunk_tokens is None:
+        raise BadRequest(
+            "long_input 'late' needs chunk_spans (character offsets per input) or chunk_tokens.",
+            param="chunk_spans",
+        )
+    if spans is not None and len(spans) != len(texts):
+        raise BadRequest(
+            f"chunk_spans has {len(spans)} lists for {len(texts)} inputs.", param="chunk_spans"
+        )
+    shift = len(prompt)
+    encodings = await asyncio.to_thread(lambda: [counter.encode(prompt + t) for t in texts])
+    all_spans: list[list[tuple[int, int]]] = []
+    for i, (text, enc) in enumerate(zip(texts, encodings, strict=True)):
+        param, label = names(i)
+        if len(enc.ids) > limit:
+            raise BadRequest(
+                f"{label}: {len(enc.ids)} tokens; late chunking needs the whole document in "
+                f"one window of {limit} (use long_input 'mean' or 'chunks').",
+                param=param,
+                code="input_too_long",
+            )
+        content = [k for k, special in enumerate(enc.special_tokens_mask) if not special]
+        if spans is not None:
+            chosen = [(int(a), int(b)) for a, b in spans[i]]
+            if any(not 0 <= a < b <= len(text) for a, b in chosen) or not chosen:
+                raise BadRequest(
+                    f"chunk_spans[{i}] must be [start, end) character offsets within "
+                    f"{label} ({len(text)} characters).",
+                    param="chunk_spans",
+                )
+        else:
+            size = max(1, chunk_tokens or 1)
+            runs = [content[k : k + size] for k in range(0, len(content), size)]
+            chosen = [(enc.offsets[r[0]][0] - shift, enc.offsets[r[-1]][1] - shift) for r in runs]
+        all_spans.append(chosen)
+    with entry.admit(len(texts), settings.max_queued_inputs):
+        outputs = await late.token_vectors(replica, [prompt + t for t in texts])
+    vectors, chunks = [], []
+    for text_spans, enc, (tokens, sentence) in zip(all_spans, encodings, outputs, strict=True):
+        vectors.append((sentence / max(float(np.linalg.norm(sentence)), 1e-12)).astype(np.float32))
+        row = []
+        for a, b in text_spans:
+            inside = [
+                k
+                for k, ((s, e), special) in enumerate(
+                    zip(enc.offsets, enc.special_tokens_mask, strict=True)
+                )
+                if not special and e > s and s >= a + shift and e <= b + shift
+            ]
+            if not inside:
+                raise BadRequest(
+                    f"chunk span [{a}, {b}) holds no whole token.", param="chunk_spans"
+                )
+            mean = tokens[inside].astype(np.float64).mean(axis=0)
+            mean /= max(float(np.linalg.norm(mean)), 1e-12)
+            row.append(Chunk(a, b, len(inside), mean.astype(np.float32)))
+        chunks.append(row)
+    return LongResult(vectors, chunks, sum(len(e.ids) for e in encodings))

@@ -133,7 +133,11 @@ class GatewayMiddleware:
         start = time.perf_counter()
         path: str = scope["path"]
         request_id = _request_id(scope)
-        state: dict[str, Any] = scope.setdefault("state", {})
+        # This request's own copy of the lifespan state (uvicorn copies it per request; an
+        # in-process ASGI client may share one dict, and the error family set on one request
+        # must never reach the next)
+        state: dict[str, Any] = dict(scope.get("state") or {})
+        scope["state"] = state
         state["request_id"] = request_id
         status_box = [500]
 

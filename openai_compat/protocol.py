@@ -148,11 +148,18 @@ class EmbeddingRequest(BaseModel):
         "search_query / search_document / classification / clustering (Cohere's names).",
     )
     prompt_name: StrictStr | None = Field(None, description="Extension: TEI's name for it.")
-    long_input: Literal["error", "truncate", "mean", "chunks"] | None = Field(
+    long_input: Literal["error", "truncate", "mean", "chunks", "late"] | None = Field(
         None,
         description="Extension: what a text longer than the model's window gets: 'error' "
         "(400), 'truncate', 'mean' (its windows' vectors averaged by tokens) or 'chunks' (one "
-        "vector per window with character offsets, in data[i].chunks, beside the mean).",
+        "vector per window with character offsets, in data[i].chunks, beside the mean); "
+        "'late': late chunking of a document that fits the window (chunk_spans/chunk_tokens).",
+    )
+    chunk_spans: list[list[tuple[StrictInt, StrictInt]]] | None = Field(
+        None, description="Extension (long_input 'late'): [start, end) character spans per input."
+    )
+    chunk_tokens: StrictInt | None = Field(
+        None, ge=1, description="Extension (long_input 'late'): chunks of this many tokens."
     )
     task: StrictStr | None = Field(
         None, description="Extension: Jina's name for it (retrieval.query, retrieval.passage...)."

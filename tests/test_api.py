@@ -148,3 +148,12 @@ async def test_every_reference_in_the_openapi_document_resolves(
     )
     assert missing == []
     assert {"BatchCreateRequest", "TeiDecodeRequest", "TutorialEmbedRequest"} <= set(components)
+
+
+async def test_one_requests_error_family_never_reaches_the_next(client: httpx.AsyncClient) -> None:
+    """The in-process client shares one lifespan state dict between requests (uvicorn copies
+    it): the error family a TEI request set once leaked into later /v1 errors."""
+    tei = await client.post("/embed", json={"inputs": []})
+    assert tei.status_code == 400 and tei.json()["error_type"] == "Empty"
+    openai_error = await client.post("/v1/embeddings", json={"model": "debug", "input": []})
+    assert openai_error.status_code == 400 and openai_error.json()["error"]["param"] == "input"

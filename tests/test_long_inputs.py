@@ -37,7 +37,10 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         window_overlap=16,
         long_input="mean",  # the model's setting; requests may choose otherwise
     )
-    settings = Settings(models=(model,), max_windows_per_input=40, max_windows_per_request=60)
+    cls = ModelConfig(
+        model="builtin:all-MiniLM-L6-v2", name="cls", pooling_method="cls", quantization_range=0.3
+    )
+    settings = Settings(models=(model, cls), max_windows_per_input=40, max_windows_per_request=60)
     async with app_client(settings) as c:
         yield c
 
@@ -154,4 +157,44 @@ async def test_the_models_setting_reaches_tei_and_cohere(client: httpx.AsyncClie
     cohere_cut = (await client.post("/v2/embed", json={**body, "truncate": "END"})).json()
     np.testing.assert_allclose(cohere_cut["embeddings"]["float"][0], cut, atol=1e-5)
     r = await client.post("/v2/embed", json={**body, "truncate": "NONE"})
-    assert r.status_code == 422  # Cohere's NONE stays an error (its 422)
+    assert r.status_code == 400 and "message" in r.json()  # Cohere's NONE stays an error
+
+
+async def test_late_chunking_means_the_documents_own_token_vectors(
+    client: httpx.AsyncClient, minilm_path: str, st_model: Any
+) -> None:
+    """One pass over the whole document, each span's token vectors averaged (transformers,
+    directly); the document's own vector is its usual embedding; a CLS-pooled model refuses."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    text = "Berlin is the capital of Germany. It has many museums. The city is very large."
+    spans = [[0, 33], [34, 54], [55, len(text)]]
+    body = await _embed(client, input=text, long_input="late", chunk_spans=[spans])
+    item = body["data"][0]
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    model = AutoModel.from_pretrained(minilm_path).eval()
+    enc = tokenizer(text, return_offsets_mapping=True, return_tensors="pt")
+    offsets = enc.pop("offset_mapping")[0].tolist()
+    with torch.inference_mode():
+        hidden = model(**enc).last_hidden_state[0].numpy()
+    for (a, b), chunk in zip(spans, item["chunks"], strict=True):
+        inside = [k for k, (s, e) in enumerate(offsets) if e > s and s >= a and e <= b]
+        want = hidden[inside].mean(axis=0)
+        np.testing.assert_allclose(chunk["embedding"], want / np.linalg.norm(want), atol=1e-5)
+        assert (chunk["start"], chunk["end"], chunk["tokens"]) == (a, b, len(inside))
+    np.testing.assert_allclose(item["embedding"], st_model.encode(text), atol=1e-5)
+    assert body["usage"]["prompt_tokens"] == len(offsets)
+    by_tokens = await _embed(client, input=text, long_input="late", chunk_tokens=5)
+    assert [c["tokens"] for c in by_tokens["data"][0]["chunks"]][:-1] == [5] * (
+        len(by_tokens["data"][0]["chunks"]) - 1
+    )
+    r = await client.post(
+        "/v1/embeddings",
+        json={"model": "cls", "input": text, "long_input": "late", "chunk_tokens": 5},
+    )
+    assert r.status_code == 400 and "'cls'" in r.json()["error"]["message"], r.text
+    r = await client.post(
+        "/v1/embeddings", json={"model": "m", "input": DOC, "long_input": "late", "chunk_tokens": 8}
+    )
+    assert r.status_code == 400 and "one window" in r.json()["error"]["message"]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
@@ -24,7 +26,7 @@ from openai_compat.inference import (
     embed_texts,
     texts_from_input,
 )
-from openai_compat.long_inputs import embed_long, long_payload
+from openai_compat.long_inputs import embed_late, embed_long, long_payload
 from openai_compat.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingResponse
 from openai_compat.registry import ModelEntry
 from openai_compat.sparse import check_options, embedding_object
@@ -74,12 +76,24 @@ async def serve_embeddings(
         )
         texts = await texts_from_input(body.input, entry, settings)
         mode = body.long_input or entry.config.long_input
-        if mode in ("mean", "chunks") and not isinstance(texts[0], TokenIds):
-            long = await embed_long(entry, texts, settings, input_names, prompt=prompt)
+        if mode in ("mean", "chunks", "late") and not isinstance(texts[0], TokenIds):
+            if mode == "late":
+                long = await embed_late(
+                    entry,
+                    texts,
+                    settings,
+                    input_names,
+                    prompt=prompt,
+                    spans=body.chunk_spans,
+                    chunk_tokens=body.chunk_tokens,
+                )
+            else:
+                long = await embed_long(entry, texts, settings, input_names, prompt=prompt)
             note(request, entry.name, len(texts), long.tokens)
             fmt = body.encoding_format or "float"
+            shape: Literal["mean", "chunks"] = "mean" if mode == "mean" else "chunks"
             payload = long_payload(
-                long, mode=mode, fmt=fmt, dimensions=dimensions, model=body.model
+                long, mode=shape, fmt=fmt, dimensions=dimensions, model=body.model
             )
             return Response(payload, media_type="application/json")
         truncate = None if mode is None else mode == "truncate"

@@ -1,0 +1,53 @@
+"""Late chunking: one forward pass over a whole document, then each span's token vectors
+mean-pooled (Günther et al., "Late Chunking", 2024). Only meaningful for mean-pooling models:
+their sentence vector is the mean of the same token vectors, so a span's mean lives in the same
+space. Reads the sentence-transformers replica through its public API (tokenize, forward,
+its Pooling module); runs beside infinity-emb's batcher on one bounded thread per model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Any
+
+import numpy as np
+
+from openai_compat.engine.adapter import kind_of
+
+_EXECUTORS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def pooling_mode(replica: Any) -> str | None:
+    """The replica's pooling ("mean", "cls", "lasttoken"...), None if it has no Pooling."""
+    if kind_of(replica) != "embedder" or getattr(replica, "mode_colbert", False):
+        return None
+    from sentence_transformers.models import Pooling
+
+    for module in replica:
+        if isinstance(module, Pooling):
+            return str(module.get_pooling_mode_str())
+    return None
+
+
+def _forward(replica: Any, text: str) -> tuple[np.ndarray, np.ndarray]:
+    import torch
+    from sentence_transformers.util import batch_to_device
+
+    with torch.inference_mode():
+        features = batch_to_device(replica.tokenize([text]), replica.device)
+        out = replica.forward(features)
+    tokens = out["token_embeddings"][0].float().cpu().numpy()
+    sentence = out["sentence_embedding"][0].float().cpu().numpy()
+    return tokens, sentence
+
+
+async def token_vectors(replica: Any, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each text's token vectors (special tokens included) and its sentence vector."""
+    pool = _EXECUTORS.get(id(replica))
+    if pool is None:
+        pool = _EXECUTORS[id(replica)] = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="late-chunking"
+        )
+    loop = asyncio.get_running_loop()
+    return [await loop.run_in_executor(pool, _forward, replica, t) for t in texts]
