@@ -106,21 +106,30 @@ async def embed_long(
     counter = entry.counter
     assert counter is not None
 
-    def split() -> tuple[int, list[list[tuple[int, int]]]]:
-        prompt_tokens = len(counter.encode(prompt, add_special_tokens=False).ids) if prompt else 0
-        size = limit - counter.specials - prompt_tokens
-        if size < 1:
-            return size, []
-        overlap = min(entry.config.window_overlap, size // 2)
-        return size, [windows(counter, t, size, overlap) for t in texts]
-
-    size, spans = await asyncio.to_thread(split)
+    prompt_tokens = len(counter.encode(prompt, add_special_tokens=False).ids) if prompt else 0
+    size = limit - counter.specials - prompt_tokens
     if size < 1:
         raise BadRequest(
             f"The prompt leaves no room in model {entry.name!r}'s window of {limit} tokens.",
             param="long_input",
             code="unsupported_parameter",
         )
+    # A text with more tokens than its windows can hold is refused after tokenizing only a
+    # prefix of it (a body of megabytes costs no full tokenization to refuse).
+    most = settings.max_windows_per_input * size
+    for i, (text, cut) in enumerate(
+        zip(texts, await counter.truncate_texts(texts, most), strict=True)
+    ):
+        if len(cut) < len(text):
+            param, label = names(i)
+            raise BadRequest(
+                f"{label}: more than {settings.max_windows_per_input} windows of {size} tokens, "
+                "the most one input may have (max_windows_per_input).",
+                param=param,
+                code="too_many_windows",
+            )
+    overlap = min(entry.config.window_overlap, size // 2)
+    spans = await asyncio.to_thread(lambda: [windows(counter, t, size, overlap) for t in texts])
     for i, span in enumerate(spans):
         if len(span) > settings.max_windows_per_input:
             param, label = names(i)
@@ -226,24 +235,29 @@ async def embed_late(
             f"chunk_spans has {len(spans)} lists for {len(texts)} inputs.", param="chunk_spans"
         )
     shift = len(prompt)
-    encodings = await asyncio.to_thread(lambda: [counter.encode(prompt + t) for t in texts])
-    all_spans: list[list[tuple[int, int]]] = []
-    for i, (text, enc) in enumerate(zip(texts, encodings, strict=True)):
-        param, label = names(i)
-        if len(enc.ids) > limit:
+    full = [prompt + t for t in texts]
+    room = limit - counter.specials
+    for i, (text, cut) in enumerate(
+        zip(full, await counter.truncate_texts(full, room), strict=True)
+    ):
+        if len(cut) < len(text):  # refused from a prefix: no whole tokenization of a huge text
+            param, label = names(i)
             raise BadRequest(
-                f"{label}: {len(enc.ids)} tokens; late chunking needs the whole document in "
+                f"{label}: more than {limit} tokens; late chunking needs the whole document in "
                 f"one window of {limit} (use long_input 'mean' or 'chunks').",
                 param=param,
                 code="input_too_long",
             )
+    encodings = await asyncio.to_thread(lambda: [counter.encode(t) for t in full])
+    all_spans: list[list[tuple[int, int]]] = []
+    for i, (text, enc) in enumerate(zip(texts, encodings, strict=True)):
         content = [k for k, special in enumerate(enc.special_tokens_mask) if not special]
         if spans is not None:
             chosen = [(int(a), int(b)) for a, b in spans[i]]
             if any(not 0 <= a < b <= len(text) for a, b in chosen) or not chosen:
                 raise BadRequest(
                     f"chunk_spans[{i}] must be [start, end) character offsets within "
-                    f"{label} ({len(text)} characters).",
+                    f"{names(i)[1]} ({len(text)} characters).",
                     param="chunk_spans",
                 )
         else:

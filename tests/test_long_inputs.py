@@ -198,3 +198,8 @@ async def test_late_chunking_means_the_documents_own_token_vectors(
         "/v1/embeddings", json={"model": "m", "input": DOC, "long_input": "late", "chunk_tokens": 8}
     )
     assert r.status_code == 400 and "one window" in r.json()["error"]["message"]
+    bad = {"model": "m", "input": text, "long_input": "late", "chunk_spans": [[[5, 500]]]}
+    r = await client.post("/v1/embeddings", json=bad)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chunk_spans"
+    r = await client.post("/v1/embeddings", json={**bad, "chunk_spans": None, "chunk_tokens": None})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chunk_spans"
