@@ -25,6 +25,7 @@ from openai_compat.api.tutorial import routes as tutorial
 from openai_compat.batch import routes as batch_routes
 from openai_compat.batch.service import BatchService
 from openai_compat.bodies import BodyParser
+from openai_compat.cache import EmbeddingCache
 from openai_compat.errors import install_error_handlers
 from openai_compat.lifecycle import Lifecycle, in_daemon_thread
 from openai_compat.loading import load_models, stop_engines
@@ -59,6 +60,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     A `registry` that is already complete (tests, embedding in another app) is served as is.
     """
     registry = registry if registry is not None else Registry(settings.served_models())
+    if settings.cache_bytes and registry.cache is None:
+        registry.cache = EmbeddingCache(settings.cache_bytes)
     settings.default_models()  # a malformed --default-model stops start-up here
     lifecycle = Lifecycle()
     bodies = BodyParser()

@@ -14,7 +14,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ class _ModelState(Collector):
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         queued = GaugeMetricFamily(
             "openai_compat_queued_inputs",
             "Inputs admitted to a model and not yet answered, live and Batch API lines "
@@ -52,12 +52,32 @@ class _ModelState(Collector):
         loaded = GaugeMetricFamily(
             "openai_compat_model_load_seconds", "Seconds the model took to load.", labels=["model"]
         )
+        hits = CounterMetricFamily(
+            "openai_compat_cache_hits", "Inputs answered from the exact cache.", labels=["model"]
+        )
+        misses = CounterMetricFamily(
+            "openai_compat_cache_misses", "Inputs the cache did not hold.", labels=["model"]
+        )
+        evictions = CounterMetricFamily(
+            "openai_compat_cache_evictions", "Vectors dropped for room.", labels=["model"]
+        )
+        held = GaugeMetricFamily(
+            "openai_compat_cache_bytes", "Bytes the cache holds for a model.", labels=["model"]
+        )
+        cache = self.registry.cache
+        sizes = cache.per_model_bytes() if cache is not None else {}
         for entry in self.registry.entries():
+            if cache is not None and entry.cache is not None:
+                stats = cache.stats.get(entry.name)
+                hits.add_metric([entry.name], stats.hits if stats else 0)
+                misses.add_metric([entry.name], stats.misses if stats else 0)
+                evictions.add_metric([entry.name], stats.evictions if stats else 0)
+                held.add_metric([entry.name], sizes.get(entry.name, 0))
             queued.add_metric([entry.name], entry.pending)
             inflight.add_metric([entry.name], entry.inflight + entry.background_inflight)
             engine_queue.add_metric([entry.name], entry.engine_queue())
             loaded.add_metric([entry.name], entry.load_seconds)
-        return [queued, inflight, engine_queue, loaded]
+        return [queued, inflight, engine_queue, loaded, hits, misses, evictions, held]
 
 
 class Metrics:

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from openai_compat.cache import EmbeddingCache
 from openai_compat.compact import Quantizer
 from openai_compat.engine import adapter
 from openai_compat.engine.feeder import Feeder, in_background
@@ -46,6 +47,7 @@ class ModelEntry:
     prompts: Prompts = field(default_factory=Prompts)
     quantizer: Quantizer | None = None  # int8/uint8 ranges (see compact.py)
     feeder: Feeder | None = None  # embed calls in length-sorted waves (engine/feeder.py)
+    cache: EmbeddingCache | None = None  # exact vectors of texts seen before (cache.py)
     queued: int = 0  # live inputs admitted and not yet answered
     inflight: int = 0  # live requests in the engine's hands
     background_queued: int = 0  # the same for Batch API lines (their own budget)
@@ -114,7 +116,13 @@ class ModelEntry:
         return adapter.queue_length(self.engine) + held
 
     async def embed(self, texts: list[str]) -> tuple[list[Any], int]:
-        """The engine's embed (vectors, usage), through the feeder where there is one."""
+        """The engine's embed (vectors, usage), through the exact cache (cache.py) and the
+        feeder where there are."""
+        if self.cache is not None:
+            return await self.cache.embed(self.name, texts, self._embed)
+        return await self._embed(texts)
+
+    async def _embed(self, texts: list[str]) -> tuple[list[Any], int]:
         if self.feeder is not None:
             return await self.feeder.embed(texts)
         result: tuple[list[Any], int] = await self.engine.embed(texts)
@@ -136,6 +144,7 @@ class Registry:
         self._order: list[str] = [c.served_name for c in configs]
         self.engines: list[Any] = []  # every engine started, for shutdown
         self._defaults: dict[str, ModelEntry] = {}  # capability -> model (choose_defaults)
+        self.cache: EmbeddingCache | None = None  # shared by the models that use one
 
     # ------------------------------------------------------------ filling
 
@@ -143,6 +152,8 @@ class Registry:
         for name in (entry.name, *entry.config.aliases):
             if name in self._names:
                 raise ValueError(f"duplicate model name or alias {name!r}")
+        if self.cache is not None and entry.config.cache and not entry.sparse:
+            entry.cache = self.cache
         self._entries[entry.name] = entry
         self._names[entry.name] = entry.name
         for alias in entry.config.aliases:

@@ -107,6 +107,7 @@ class ModelConfig(BaseModel):
         None, description="Texts past the window: error, truncate, mean or chunks (long_inputs.py)."
     )
     window_overlap: int = Field(32, ge=0, description="Tokens consecutive windows share.")
+    cache: bool = Field(True, description="Use the exact embedding cache (--cache-bytes).")
     token_ids: Literal["cl100k_base", "model", "reject"] = Field(
         "cl100k_base",
         description="How token-id input is read: OpenAI's cl100k_base ids (what LangChain "
@@ -206,6 +207,7 @@ class Settings(BaseModel):
         2048, "Most inputs one embeddings or classify request may carry.", ge=1
     )
     max_rerank_documents: int = _opt(10000, "Most documents one rerank request may carry.", ge=1)
+    cache_bytes: int = _opt(128 * 2**20, "Exact embedding cache (bytes; 0 = off).", ge=0)
     max_windows_per_input: int = _opt(64, "Most windows one long input becomes.", ge=1)
     max_windows_per_request: int = _opt(512, "Most windows of one request's inputs.", ge=1)
     max_tokenize_chars: int = _opt(

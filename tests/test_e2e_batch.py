@@ -357,6 +357,7 @@ def _cli(
     env = {**os.environ, **SERVER_ENV, **(env or {})}
     if slow:
         env["OPENAI_COMPAT_TEST_BATCH_SECONDS"] = "0.05"
+        env["OPENAI_COMPAT_CACHE_BYTES"] = "0"  # repeated texts must cost engine time
     module = "tests.slow_engine" if slow else "openai_compat"
     return subprocess.Popen(
         [sys.executable, "-m", module, "batch", *args],

@@ -67,8 +67,10 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """Every test runs on the fake clock: the gathering pause is sized from measured wave
+    times, and on a busy machine real ones made waves form later than the test's settle()."""
     fake = Clock()
     monkeypatch.setattr(feeder_module, "time", fake)
     return fake

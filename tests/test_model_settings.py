@@ -107,6 +107,10 @@ EFFECTS: dict[str, tuple[str, str]] = {
         "tests/test_long_inputs.py",
         "test_chunks_cover_the_text_and_each_is_the_slices_vector",
     ),
+    "cache": (
+        "tests/test_cache.py",
+        "test_a_repeated_request_is_answered_bit_for_bit_from_the_cache",
+    ),
     "token_ids": (
         HERE,
         "test_token_ids_model_embeds_exactly_the_ids_sent",

@@ -61,6 +61,9 @@ class RemoteServer:
             **os.environ,
             **SERVER_ENV,
             "OPENAI_COMPAT_DATA_DIR": self.data_dir,
+            # the slow test engine stands for engine time per call: the exact cache would
+            # answer repeated texts without it
+            **({"OPENAI_COMPAT_CACHE_BYTES": "0"} if slow_engine else {}),
             **(env or {}),
         }
         self.proc = subprocess.Popen(

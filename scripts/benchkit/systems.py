@@ -136,6 +136,9 @@ def start_ours(
     # Configured as infinity-emb's server runs (it cannot turn these off): proxy headers on,
     # FastAPI's native OpenTelemetry hooks on.
     cmd += ["--forwarded-allow-ips", "127.0.0.1", "--otel"]
+    # The benchmark repeats its texts: our exact embedding cache would answer them from
+    # memory. Off, as infinity-emb's vector disk cache is: the serving path is measured.
+    cmd += ["--cache-bytes", "0"]
     if not count_tokens:
         cmd.append("--no-count-tokens")
     cmd += extra

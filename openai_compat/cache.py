@@ -1,0 +1,128 @@
+"""An exact embedding cache in front of the engines, and in-request deduplication.
+
+Real corpora repeat themselves (RAG ingestion re-embeds unchanged chunks; popular queries
+recur): a repeat costs a hash lookup instead of a forward pass. The key is the model and a
+128-bit BLAKE2b digest of exactly what the engine would be given (the text after the prompt
+and any cut; or the token ids of a TokenIds input): truncation, prompts and the model's own
+settings are all inside it, and dimensions, encodings and compact types are applied after
+the cache. The value is the engine's own vector object, so a hit answers bit for bit what the
+first computation did, with its token count (usage counts every input, hits included, as
+OpenAI bills them). One LRU shared by all models under a byte budget (--cache-bytes; 0 = off),
+per model opt-out (`cache = false`); sparse models and media inputs are never cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai_compat.engine.usage import TokenIds, engine_token_count, length_estimate
+
+_ENTRY_OVERHEAD = 200  # bytes an entry costs beyond its vector (key, dict slot, object)
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+@dataclass
+class EmbeddingCache:
+    max_bytes: int
+    held: int = 0  # bytes held, all models
+    stats: dict[str, CacheStats] = field(default_factory=dict)
+    _items: OrderedDict[tuple[str, bytes], tuple[Any, int]] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @staticmethod
+    def key(text: str) -> bytes:
+        if isinstance(text, TokenIds):  # the ids, not their decoded text
+            raw = b"ids:" + ",".join(map(str, text.ids)).encode()
+        else:
+            raw = b"text:" + text.encode("utf-8", "surrogatepass")
+        return hashlib.blake2b(raw, digest_size=16).digest()
+
+    def _stats(self, model: str) -> CacheStats:
+        return self.stats.setdefault(model, CacheStats())
+
+    def get(self, model: str, key: bytes) -> Any | None:
+        with self._lock:
+            found = self._items.get((model, key))
+            if found is None:
+                self._stats(model).misses += 1
+                return None
+            self._items.move_to_end((model, key))
+            self._stats(model).hits += 1
+            return found[0]
+
+    def put(self, model: str, key: bytes, vector: Any) -> None:
+        size = int(getattr(vector, "nbytes", 0)) + _ENTRY_OVERHEAD
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._items.pop((model, key), None)
+            if old is not None:
+                self.held -= old[1]
+            self._items[(model, key)] = (vector, size)
+            self.held += size
+            while self.held > self.max_bytes:
+                (owner, _), (_, freed) = self._items.popitem(last=False)
+                self.held -= freed
+                self._stats(owner).evictions += 1
+
+    def per_model_bytes(self) -> dict[str, int]:
+        with self._lock:
+            out: dict[str, int] = {}
+            for (model, _), (_, size) in self._items.items():
+                out[model] = out.get(model, 0) + size
+            return out
+
+    async def embed(
+        self,
+        model: str,
+        texts: Sequence[str],
+        compute: Callable[[list[str]], Awaitable[tuple[list[Any], int]]],
+    ) -> tuple[list[Any], int]:
+        """`compute`'s answer for `texts`, computing each distinct text not cached once.
+        The usage returned is the engine's measure (characters) over all the texts."""
+        out: list[Any] = [None] * len(texts)
+        todo: dict[bytes, list[int]] = {}  # key -> the positions that need it
+        for i, text in enumerate(texts):
+            key = self.key(text)
+            if key in todo:  # a repeat inside this request: computed once
+                todo[key].append(i)
+                continue
+            hit = self.get(model, key)
+            if hit is None:
+                todo[key] = [i]
+            else:
+                out[i] = hit
+        computed: list[int] = []  # the positions the engine answered this time
+        usage = 0
+        if todo:
+            firsts = [texts[positions[0]] for positions in todo.values()]
+            vectors, usage = await compute(firsts)
+            for (key, positions), vector in zip(todo.items(), vectors, strict=True):
+                self.put(model, key, vector)
+                computed.append(positions[0])
+                for i in positions:
+                    out[i] = vector
+        # the rest in the unit the engine reported in: tokens where its vectors carry them
+        # and its usage was their sum, else characters (infinity-emb's own measure)
+        answered = [out[i] for i in computed]
+        in_tokens = engine_token_count(out) is not None and (
+            not computed or usage == engine_token_count(answered)
+        )
+        done = set(computed)
+        rest = [i for i in range(len(texts)) if i not in done]
+        if in_tokens:
+            usage += sum(int(out[i].tokens) for i in rest)
+        else:
+            usage += length_estimate([texts[i] for i in rest])
+        return out, usage
