@@ -20,9 +20,22 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from openai_compat.engine.usage import TokenIds, engine_token_count, length_estimate
 
 _ENTRY_OVERHEAD = 200  # bytes an entry costs beyond its vector (key, dict slot, object)
+
+
+def _owned(vector: Any) -> Any:
+    """A vector that owns its memory: the engine's rows are views of its whole batch's array,
+    which a cached row would keep alive (and its size would not count). The copy keeps the
+    values bit for bit and the row's attributes (its token count, its norm)."""
+    if not isinstance(vector, np.ndarray) or vector.base is None:
+        return vector
+    copy = np.array(vector, copy=True, subok=True)
+    copy.__dict__.update(getattr(vector, "__dict__", {}))
+    return copy
 
 
 @dataclass
@@ -62,6 +75,7 @@ class EmbeddingCache:
             return found[0]
 
     def put(self, model: str, key: bytes, vector: Any) -> None:
+        vector = _owned(vector)
         size = int(getattr(vector, "nbytes", 0)) + _ENTRY_OVERHEAD
         if size > self.max_bytes:
             return

@@ -38,7 +38,8 @@ async def test_repeats_are_computed_once_and_usage_counts_every_input() -> None:
     assert vectors[0] is vectors[2]  # one computation, the same answer
     again, usage = await cache.embed("m", ["b", "aa", "ccc"], compute)
     assert calls[-1] == ["ccc"] and usage == 6
-    assert again[0] is vectors[1] and again[1] is vectors[0]  # bit for bit: the same object
+    assert again[0].tobytes() == vectors[1].tobytes()  # bit for bit
+    assert again[1].tobytes() == vectors[0].tobytes()
     assert cache.stats["m"].hits == 2 and cache.stats["m"].misses == 3
     other, _ = await cache.embed("other-model", ["aa"], compute)
     assert calls[-1] == ["aa"] and other[0] is not vectors[0]  # keys are per model
@@ -103,3 +104,14 @@ async def test_cache_bytes_zero_turns_it_off() -> None:
         entry = c.app_state.registry.resolve("m")  # type: ignore[attr-defined]
         assert entry.cache is None
         assert "openai_compat_cache_hits_total{" not in (await c.get("/metrics")).text
+
+
+def test_a_cached_row_owns_its_memory_and_keeps_its_token_count() -> None:
+    batch = np.arange(12, dtype=np.float32).reshape(3, 4)
+    row = batch[1].view(TokenCountedArray)  # as the engine answers: a view of its batch
+    row.tokens = 7
+    cache = EmbeddingCache(max_bytes=10_000)
+    cache.put("m", b"k", row)
+    kept = cache.get("m", b"k")
+    assert kept.base is None and kept.tobytes() == row.tobytes() and kept.tokens == 7
+    assert cache.held == 16 + 200  # the row's bytes, not the batch's
