@@ -34,7 +34,9 @@ def _owned(vector: Any) -> Any:
     if not isinstance(vector, np.ndarray) or vector.base is None:
         return vector
     copy = np.array(vector, copy=True, subok=True)
-    copy.__dict__.update(getattr(vector, "__dict__", {}))
+    attributes = getattr(vector, "__dict__", None)  # a subclass's (TokenCountedArray's)
+    if attributes:
+        copy.__dict__.update(attributes)
     return copy
 
 

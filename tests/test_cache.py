@@ -115,3 +115,6 @@ def test_a_cached_row_owns_its_memory_and_keeps_its_token_count() -> None:
     kept = cache.get("m", b"k")
     assert kept.base is None and kept.tobytes() == row.tobytes() and kept.tokens == 7
     assert cache.held == 16 + 200  # the row's bytes, not the batch's
+    plain = batch[2]  # a plain ndarray view (no attributes) is owned too
+    cache.put("m", b"p", plain)
+    assert cache.get("m", b"p").base is None
