@@ -20,7 +20,7 @@ import orjson
 from openai_compat.encoding import EncodingFormat, as_matrix, encode_rows, truncate_dimensions
 from openai_compat.engine.usage import TokenIds
 from openai_compat.errors import BadRequest
-from openai_compat.inference import embed_texts
+from openai_compat.inference import EmbedResult, embed_texts
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
 from openai_compat.tokens import Names, TokenCounter
@@ -81,6 +81,30 @@ def mean_by_setting(entry: ModelEntry, texts: list[str]) -> bool:
     )
 
 
+def _too_many_windows(
+    name: tuple[str, str], how_many: str, settings: Settings, size: int
+) -> BadRequest:
+    param, label = name
+    return BadRequest(
+        f"{label}: {how_many} {settings.max_windows_per_input} windows of {size} tokens, the "
+        "most one input may have (max_windows_per_input).",
+        param=param,
+        code="too_many_windows",
+    )
+
+
+async def embed_by_setting(
+    entry: ModelEntry, texts: list[str], settings: Settings, names: Names, *, prompt: str
+) -> EmbedResult | None:
+    """On routes whose contract has no per-request choice (TEI's /embed, Cohere's embed): the
+    model's `long_input = "mean"` as an EmbedResult, or None where the setting does not apply
+    (the route embeds as usual)."""
+    if not mean_by_setting(entry, texts):
+        return None
+    result = await embed_long(entry, texts, settings, names, prompt=prompt)
+    return EmbedResult(list(result.vectors), result.tokens)
+
+
 def _check_model(entry: ModelEntry) -> int:
     counter = entry.counter
     if counter is None or counter.max_length is None or entry.multivector or entry.sparse:
@@ -117,28 +141,15 @@ async def embed_long(
     # A text with more tokens than its windows can hold is refused after tokenizing only a
     # prefix of it (a body of megabytes costs no full tokenization to refuse).
     most = settings.max_windows_per_input * size
-    for i, (text, cut) in enumerate(
-        zip(texts, await counter.truncate_texts(texts, most), strict=True)
-    ):
+    cuts = await counter.truncate_texts(texts, most)
+    for i, (text, cut) in enumerate(zip(texts, cuts, strict=True)):
         if len(cut) < len(text):
-            param, label = names(i)
-            raise BadRequest(
-                f"{label}: more than {settings.max_windows_per_input} windows of {size} tokens, "
-                "the most one input may have (max_windows_per_input).",
-                param=param,
-                code="too_many_windows",
-            )
+            raise _too_many_windows(names(i), "more than", settings, size)
     overlap = min(entry.config.window_overlap, size // 2)
     spans = await asyncio.to_thread(lambda: [windows(counter, t, size, overlap) for t in texts])
     for i, span in enumerate(spans):
         if len(span) > settings.max_windows_per_input:
-            param, label = names(i)
-            raise BadRequest(
-                f"{label}: {len(span)} windows of {size} tokens, more than the "
-                f"{settings.max_windows_per_input} one input may have (max_windows_per_input).",
-                param=param,
-                code="too_many_windows",
-            )
+            raise _too_many_windows(names(i), f"{len(span)}, more than", settings, size)
     total = sum(len(s) for s in spans)
     if total > settings.max_windows_per_request:
         raise BadRequest(
@@ -155,9 +166,12 @@ async def embed_long(
         return param, f"{label} (window {k})"
 
     result = await embed_texts(entry, pieces, settings, window_names, prompt=prompt, truncate=True)
-    counts = await asyncio.to_thread(
-        lambda: [min(len(counter.encode(prompt + p).ids), limit) for p in pieces]
-    )
+    kept = [getattr(v, "tokens", None) for v in result.vectors]  # the engine's own count
+    counts: list[int] = [int(n) for n in kept if n is not None]
+    if len(counts) < len(kept):  # not kept by this engine: count each window as the model saw it
+        counts = await asyncio.to_thread(
+            lambda: [min(len(counter.encode(prompt + p).ids), limit) for p in pieces]
+        )
     matrix = as_matrix(result.vectors)
     vectors, chunks, k = [], [], 0
     for span in spans:

@@ -94,3 +94,8 @@ class Contract:
                 f"peer's schema: {where}"
             )
         return body
+
+    def post(self, client: httpx.Client, path: str, body: Any) -> tuple[int, Any]:
+        """POST `body` to `path`: the status and the body, validated against the peer's schema."""
+        response = client.post(path, json=body)
+        return response.status_code, self.check(path, "post", response)

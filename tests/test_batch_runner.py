@@ -124,8 +124,16 @@ async def test_no_wave_is_sent_ahead_while_live_requests_are_in_flight(
     store.close()
 
 
-def write_lines(store: Store, tmp_path: Path, raw_lines: list[bytes]) -> str:
-    """A batch over exactly these input lines (blank ones kept)."""
+def write_lines(
+    store: Store,
+    tmp_path: Path,
+    raw_lines: list[bytes],
+    *,
+    served: list[str] | None = None,
+    age: int = 0,
+) -> str:
+    """A batch over exactly these input lines (blank ones kept), created `age` seconds ago
+    on a server that served `served`."""
     source = tmp_path / "lines.jsonl"
     source.write_bytes(b"\n".join(raw_lines) + b"\n")
     file_id = store.add_file(source, purpose="batch", filename="lines.jsonl")["id"]
@@ -134,9 +142,9 @@ def write_lines(store: Store, tmp_path: Path, raw_lines: list[bytes]) -> str:
         endpoint="/v1/embeddings",
         completion_window="24h",
         metadata=None,
-        now=int(time.time()),
+        now=int(time.time()) - age,
     )
-    store.add_batch(obj)
+    store.add_batch(obj, served=served)
     return str(obj["id"])
 
 
@@ -660,19 +668,9 @@ async def test_a_batch_needing_models_this_server_lacks_stays_pending(tmp_path: 
     pending_reason and sends nothing; a server serving 'm' then runs it. A line naming a model
     the submitting server did not serve either ('typo') does not hold the batch back."""
     store = Store(tmp_path / "data")
-    source = tmp_path / "lines.jsonl"
     lines = [embedding_line(f"c{i}", {"model": "m", "input": f"t{i}"}) for i in range(3)]
     lines.append(embedding_line("c3", {"model": "typo", "input": "t3"}))
-    source.write_bytes(b"\n".join(lines) + b"\n")
-    file_id = store.add_file(source, purpose="batch", filename="lines.jsonl")["id"]
-    obj = batch_object(
-        input_file_id=file_id,
-        endpoint="/v1/embeddings",
-        completion_window="24h",
-        metadata=None,
-        now=int(time.time()),
-    )
-    store.add_batch(obj, served=["m", "x"])
+    batch_id = write_lines(store, tmp_path, lines, served=["m", "x"])
     sent: list[str] = []
 
     async def dispatch(url: str, body: bytes) -> tuple[int, bytes, str]:
@@ -680,17 +678,17 @@ async def test_a_batch_needing_models_this_server_lacks_stays_pending(tmp_path: 
         return await echo(url, body)
 
     other = Runner(lambda: store, dispatch, Gate(), 100, served=lambda: frozenset({"x"}))
-    await other.run(obj["id"])
-    await other.run(obj["id"])  # again: nothing sent, the reason saved once
-    pending = store.batch(obj["id"])
+    await other.run(batch_id)
+    await other.run(batch_id)  # again: nothing sent, the reason saved once
+    pending = store.batch(batch_id)
     assert pending is not None and pending["status"] == "in_progress" and sent == []
     assert pending["request_counts"]["total"] == 4  # validated: it knows its lines
-    assert "'m'" in pending["pending_reason"] and other.pending.waiting == {obj["id"]: ["m"]}
-    assert store.needs(obj["id"]) == frozenset({"m"})
+    assert "'m'" in pending["pending_reason"] and other.pending.waiting == {batch_id: ["m"]}
+    assert store.needs(batch_id) == frozenset({"m"})
 
     right = Runner(lambda: store, dispatch, Gate(), 100, served=lambda: frozenset({"m"}))
-    await right.run(obj["id"])
-    done = store.batch(obj["id"])
+    await right.run(batch_id)
+    done = store.batch(batch_id)
     assert done is not None and done["status"] == "completed", done
     assert "pending_reason" not in done and right.pending.waiting == {}
     assert sent == ["m", "m", "m", "typo"]
@@ -698,18 +696,9 @@ async def test_a_batch_needing_models_this_server_lacks_stays_pending(tmp_path: 
 
 async def test_an_expired_pending_batch_expires_without_its_models(tmp_path: Path) -> None:
     store = Store(tmp_path / "data")
-    source = tmp_path / "lines.jsonl"
-    source.write_bytes(embedding_line("a", {"model": "m", "input": "t"}) + b"\n")
-    file_id = store.add_file(source, purpose="batch", filename="lines.jsonl")["id"]
-    obj = batch_object(
-        input_file_id=file_id,
-        endpoint="/v1/embeddings",
-        completion_window="24h",
-        metadata=None,
-        now=int(time.time()) - 25 * 3600,
-    )
-    store.add_batch(obj, served=["m"])
-    await Runner(lambda: store, echo, Gate(), 100, served=lambda: frozenset()).run(obj["id"])
-    done = store.batch(obj["id"])
+    line = embedding_line("a", {"model": "m", "input": "t"})
+    batch_id = write_lines(store, tmp_path, [line], served=["m"], age=25 * 3600)
+    await Runner(lambda: store, echo, Gate(), 100, served=lambda: frozenset()).run(batch_id)
+    done = store.batch(batch_id)
     assert done is not None and done["status"] == "expired"
-    assert errors(store, obj["id"])[0]["error"]["code"] == "batch_expired"
+    assert errors(store, batch_id)[0]["error"]["code"] == "batch_expired"

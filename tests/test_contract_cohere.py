@@ -37,28 +37,23 @@ def api(server: RemoteServer) -> Iterator[httpx.Client]:
         yield client
 
 
-def _post(api: httpx.Client, path: str, body: dict[str, Any]) -> tuple[int, Any]:
-    r = api.post(path, json=body)
-    return r.status_code, COHERE.check(path, "post", r)
-
-
 def test_embed_v1_and_v2_every_type(api: httpx.Client) -> None:
     from cohere import types as v1_types
 
     texts = ["hello", "world"]
-    status, body = _post(
+    status, body = COHERE.post(
         api, "/v1/embed", {"model": MODEL, "texts": texts, "input_type": "search_query"}
     )
     assert status == 200 and body["response_type"] == "embeddings_floats"
     v1_types.EmbedFloatsResponse.model_validate(body)
-    status, body = _post(
+    status, body = COHERE.post(
         api,
         "/v1/embed",
         {"model": MODEL, "texts": texts, "input_type": "classification", "embedding_types": TYPES},
     )
     assert status == 200 and body["response_type"] == "embeddings_by_type"
     v1_types.EmbedByTypeResponse.model_validate(body)
-    status, body = _post(
+    status, body = COHERE.post(
         api,
         "/v2/embed",
         {"model": MODEL, "texts": texts, "input_type": "search_document", "embedding_types": TYPES},
@@ -66,7 +61,7 @@ def test_embed_v1_and_v2_every_type(api: httpx.Client) -> None:
     assert status == 200 and set(body["embeddings"]) == set(TYPES)
     v1_types.EmbedByTypeResponse.model_validate(body)  # the v2 client parses into it too
     inputs = [{"content": [{"type": "text", "text": "hello"}]}]
-    status, body = _post(
+    status, body = COHERE.post(
         api,
         "/v2/embed",
         {
@@ -84,11 +79,11 @@ def test_rerank_v1_and_v2(api: httpx.Client) -> None:
     from cohere.v2 import types as v2_types
 
     body = {"model": MODEL, "query": "food", "documents": ["taxes", "a man eats"], "top_n": 1}
-    status, v1 = _post(api, "/v1/rerank", {**body, "return_documents": True})
+    status, v1 = COHERE.post(api, "/v1/rerank", {**body, "return_documents": True})
     assert status == 200 and v1["results"][0]["index"] == 1
     assert v1["results"][0]["document"] == {"text": "a man eats"}
     v1_types.RerankResponse.model_validate(v1)
-    status, v2 = _post(api, "/v2/rerank", body)
+    status, v2 = COHERE.post(api, "/v2/rerank", body)
     assert status == 200 and [r["index"] for r in v2["results"]] == [1]
     v2_types.V2RerankResponse.model_validate(v2)
 
@@ -115,5 +110,5 @@ def test_rerank_v1_and_v2(api: httpx.Client) -> None:
     ],
 )
 def test_errors_are_cohere_bodies(api: httpx.Client, path: str, body: dict[str, Any]) -> None:
-    status, err = _post(api, path, body)
+    status, err = COHERE.post(api, path, body)
     assert 400 <= status < 500 and set(err) == {"message"}, (status, err)

@@ -27,11 +27,6 @@ def api(multi_server: RemoteServer) -> Iterator[httpx.Client]:
         yield client
 
 
-def _post(api: httpx.Client, path: str, body: dict[str, Any]) -> tuple[int, Any]:
-    r = api.post(path, json=body)
-    return r.status_code, INFINITY.check(path, "post", r)
-
-
 def test_health_and_models(api: httpx.Client) -> None:
     health = INFINITY.check("/health", "get", api.get("/health"))
     assert set(health) == {"unix"}
@@ -40,20 +35,20 @@ def test_health_and_models(api: httpx.Client) -> None:
 
 
 def test_embeddings_rerank_and_classify(api: httpx.Client) -> None:
-    status, body = _post(api, "/embeddings", {"model": "minilm", "input": ["a", "b"]})
+    status, body = INFINITY.post(api, "/embeddings", {"model": "minilm", "input": ["a", "b"]})
     assert status == 200 and len(body["data"]) == 2
-    status, body = _post(api, "/embeddings", {"input": "a"})  # no model: the default one
+    status, body = INFINITY.post(api, "/embeddings", {"input": "a"})  # no model: the default one
     assert status == 200 and body["model"] == "clip"
-    status, body = _post(
+    status, body = INFINITY.post(
         api, "/embeddings_image", {"model": "clip", "input": [data_uri(png(), "image/png")]}
     )
     assert status == 200 and len(body["data"]) == 1
     docs = ["Boil the pasta.", "Taxes rose."]
-    status, body = _post(
+    status, body = INFINITY.post(
         api, "/rerank", {"query": "pasta", "documents": docs, "top_n": 1, "return_documents": True}
     )
     assert status == 200 and body["results"][0]["document"] == docs[0]
-    status, body = _post(api, "/classify", {"input": ["I love it"], "model": "sentiment"})
+    status, body = INFINITY.post(api, "/classify", {"input": ["I love it"], "model": "sentiment"})
     assert status == 200 and {d["label"] for d in body["data"][0]} == {"negative", "positive"}
 
 
@@ -70,7 +65,7 @@ def test_embeddings_rerank_and_classify(api: httpx.Client) -> None:
 def test_schema_invalid_bodies_are_infinitys_422(
     api: httpx.Client, path: str, body: dict[str, Any], v1: str | None
 ) -> None:
-    status, err = _post(api, path, body)
+    status, err = INFINITY.post(api, path, body)
     assert status == 422 and err["detail"] and {"loc", "msg", "type"} <= set(err["detail"][0])
     if v1 is not None:  # the prefixed route keeps its own family's 400
         assert api.post(v1, json={**body, "model": "minilm"}).status_code == 400

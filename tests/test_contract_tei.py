@@ -42,45 +42,42 @@ def tei_multi(multi_server: RemoteServer) -> Iterator[httpx.Client]:
         yield client
 
 
-def _post(client: httpx.Client, path: str, body: Any) -> tuple[int, Any]:
-    r = client.post(path, json=body)
-    return r.status_code, TEI.check(path, "post", r)
-
-
 def _error(status: int, body: Any, want_status: int, want_type: str) -> None:
     assert (status, body["error_type"]) == (want_status, want_type), body
 
 
 def test_embed_answers_and_errors_follow_teis_schema(tei: httpx.Client) -> None:
-    status, body = _post(tei, "/embed", {"inputs": "What is Deep Learning?"})
+    status, body = TEI.post(tei, "/embed", {"inputs": "What is Deep Learning?"})
     assert status == 200 and len(body) == 1 and len(body[0]) == 384
-    status, body = _post(tei, "/embed", {"inputs": ["a", "b"], "normalize": True, "truncate": True})
+    status, body = TEI.post(
+        tei, "/embed", {"inputs": ["a", "b"], "normalize": True, "truncate": True}
+    )
     assert status == 200 and len(body) == 2
     # an empty batch: 400 Empty (TEI's ErrorType::Empty)
-    _error(*_post(tei, "/embed", {"inputs": []}), 400, "Empty")
+    _error(*TEI.post(tei, "/embed", {"inputs": []}), 400, "Empty")
     # too many inputs, too long with truncate false: 422 Validation (TEI >= 1.9)
-    _error(*_post(tei, "/embed", {"inputs": ["x"] * 2049}), 422, "Validation")
+    _error(*TEI.post(tei, "/embed", {"inputs": ["x"] * 2049}), 422, "Validation")
     long = "word " * 600
-    _error(*_post(tei, "/embed", {"inputs": long, "truncate": False}), 422, "Validation")
+    _error(*TEI.post(tei, "/embed", {"inputs": long, "truncate": False}), 422, "Validation")
     # a body the schema refuses, on this shared bare path: TEI's body too
     bad = {"inputs": "x", "truncation_direction": "Sideways"}
-    _error(*_post(tei, "/embed", bad), 422, "Validation")
+    _error(*TEI.post(tei, "/embed", bad), 422, "Validation")
 
 
 def test_rerank_predict_and_sparse_follow_teis_schema(tei_multi: httpx.Client) -> None:
     tei = tei_multi
     body = {"query": "What is Deep Learning?", "texts": ["Deep Learning is", "taxes"]}
-    status, ranks = _post(tei, "/rerank", {**body, "return_text": True, "raw_scores": True})
+    status, ranks = TEI.post(tei, "/rerank", {**body, "return_text": True, "raw_scores": True})
     assert status == 200 and {r["index"] for r in ranks} == {0, 1} and "text" in ranks[0]
-    _error(*_post(tei, "/rerank", {"query": "q", "texts": []}), 400, "Empty")
-    _error(*_post(tei, "/rerank", {"query": "q", "texts": "x"}), 422, "Validation")
-    status, predictions = _post(tei, "/predict", {"inputs": "I like you."})
+    _error(*TEI.post(tei, "/rerank", {"query": "q", "texts": []}), 400, "Empty")
+    _error(*TEI.post(tei, "/rerank", {"query": "q", "texts": "x"}), 422, "Validation")
+    status, predictions = TEI.post(tei, "/predict", {"inputs": "I like you."})
     assert status == 200 and {p["label"] for p in predictions} == {"negative", "positive"}
-    status, pairs = _post(tei, "/predict", {"inputs": [["I like you.", "Me too."]]})
+    status, pairs = TEI.post(tei, "/predict", {"inputs": [["I like you.", "Me too."]]})
     assert status == 200 and len(pairs) == 1
-    _error(*_post(tei, "/predict", {"inputs": 5}), 422, "Validation")
+    _error(*TEI.post(tei, "/predict", {"inputs": 5}), 422, "Validation")
     # no sparse model here: TEI's body, TEI's status for a model that cannot
-    status, err = _post(tei, "/embed_sparse", {"inputs": "x"})
+    status, err = TEI.post(tei, "/embed_sparse", {"inputs": "x"})
     assert status == 422 and err["error_type"] == "Validation"
 
 
@@ -88,7 +85,7 @@ def test_tokenize_texts_are_the_inputs_slices(tei: httpx.Client) -> None:
     """TEI's `into_tokens`: a non-special token's text is input[start:stop] (byte offsets),
     not the vocabulary entry ("this" for "This", "##bed" for "bed")."""
     text = "This is lovelace, café."
-    status, body = _post(tei, "/tokenize", {"inputs": text})
+    status, body = TEI.post(tei, "/tokenize", {"inputs": text})
     assert status == 200
     tokens = body[0]
     encoded = text.encode()
@@ -100,8 +97,8 @@ def test_tokenize_texts_are_the_inputs_slices(tei: httpx.Client) -> None:
     assert texts[:2] == ["This", "is"] and len(texts) > 6  # "lovelace" is several pieces
     assert "".join(texts) == text.replace(" ", "") and not any("##" in t for t in texts)
     assert words[-2]["text"] == "café" and words[-2]["stop"] - words[-2]["start"] == 5  # bytes
-    _error(*_post(tei, "/tokenize", {"inputs": 5}), 422, "Validation")
-    status, decoded = _post(tei, "/decode", {"ids": [t["id"] for t in tokens]})
+    _error(*TEI.post(tei, "/tokenize", {"inputs": 5}), 422, "Validation")
+    status, decoded = TEI.post(tei, "/decode", {"ids": [t["id"] for t in tokens]})
     assert status == 200 and decoded == ["this is lovelace, cafe."]
 
 

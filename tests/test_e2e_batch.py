@@ -272,12 +272,9 @@ def test_cancel_and_list_pagination(tmp_path: Path) -> None:
         assert r.status_code == 400 and r.json()["error"]["code"] == "file_in_use"
 
 
-def test_a_job_survives_kill_9_without_losing_or_repeating_a_line(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    n = 3000
-    content = b"\n".join(
-        _line(f"k{i}", {"model": "debug", "input": "x" * (i % 50 + 1)}) for i in range(n)
-    )
+def _killed_mid_job(data: Path, content: bytes, *, completed: int) -> str:
+    """A job on a debug server over `data`, killed with SIGKILL once `completed` lines are
+    done; its id."""
     srv = _debug_server(data)
     try:
         client = _client(srv)
@@ -286,18 +283,28 @@ def test_a_job_survives_kill_9_without_losing_or_repeating_a_line(tmp_path: Path
             input_file_id=up.id, endpoint="/v1/embeddings", completion_window="24h"
         )
         deadline = time.monotonic() + 120
-        while client.batches.retrieve(batch.id).request_counts.completed < 200:
+        while client.batches.retrieve(batch.id).request_counts.completed < completed:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         srv.signal(signal.SIGKILL)
         srv.proc.wait(10)
     finally:
         srv.stop()
+    return str(batch.id)
+
+
+def test_a_job_survives_kill_9_without_losing_or_repeating_a_line(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    n = 3000
+    content = b"\n".join(
+        _line(f"k{i}", {"model": "debug", "input": "x" * (i % 50 + 1)}) for i in range(n)
+    )
+    batch_id = _killed_mid_job(data, content, completed=200)
     with _debug_server(data) as again:
         client = _client(again)
-        before = client.batches.retrieve(batch.id)
+        before = client.batches.retrieve(batch_id)
         assert before.status == "in_progress" and 0 < before.request_counts.completed < n
-        done = _wait(client, batch.id, timeout=300)
+        done = _wait(client, batch_id, timeout=300)
         assert done.status == "completed" and done.request_counts.completed == n
         output = _jsonl(client.files.content(done.output_file_id).text)
     ids = [o["custom_id"] for o in output]
@@ -314,36 +321,22 @@ def test_a_server_with_other_models_leaves_the_job_pending(tmp_path: Path) -> No
     data = tmp_path / "data"
     n = 600
     content = b"\n".join(_line(f"k{i}", {"model": "debug", "input": "x" * 5}) for i in range(n))
-    srv = _debug_server(data)
-    try:
-        client = _client(srv)
-        up = client.files.create(file=("k.jsonl", content), purpose="batch")
-        batch = client.batches.create(
-            input_file_id=up.id, endpoint="/v1/embeddings", completion_window="24h"
-        )
-        deadline = time.monotonic() + 120
-        while client.batches.retrieve(batch.id).request_counts.completed < 50:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        srv.signal(signal.SIGKILL)
-        srv.proc.wait(10)
-    finally:
-        srv.stop()
+    batch_id = _killed_mid_job(data, content, completed=50)
     with RemoteServer(["--data-dir", str(data)]) as other:
         client = _client(other)
         deadline = time.monotonic() + 60
         while httpx.get(other.url + "/ready").json()["batch_runner"]["pending_other_models"] != 1:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        waiting = client.batches.retrieve(batch.id)
+        waiting = client.batches.retrieve(batch_id)
         time.sleep(1.5)  # the runner's loop comes round again: still nothing run
-        again = client.batches.retrieve(batch.id)
+        again = client.batches.retrieve(batch_id)
         assert again.status == "in_progress" and again.request_counts.failed == 0
         assert again.request_counts.completed == waiting.request_counts.completed < n
         assert "'debug'" in (again.model_extra or {})["pending_reason"]
     with _debug_server(data) as back:
         client = _client(back)
-        done = _wait(client, batch.id, timeout=300)
+        done = _wait(client, batch_id, timeout=300)
         assert done.status == "completed" and done.request_counts.completed == n
         assert "pending_reason" not in (done.model_extra or {})
 

@@ -38,7 +38,7 @@ from openai_compat.api.tutorial.protocol import (
 )
 from openai_compat.api.vllm import VllmTokenizeRequest, vllm_tokenize
 from openai_compat.bodies import Chooser
-from openai_compat.errors import BadRequest, ErrorFamily, set_family
+from openai_compat.errors import SHARED_KEYS, BadRequest, ErrorFamily, set_family
 from openai_compat.protocol import ERROR_RESPONSES
 
 # path -> (the key that marks a dialect, the dialect, its request model), first match wins.
@@ -126,14 +126,19 @@ def _documented(path: str) -> dict[str, object]:
     return body_openapi(*(model for _, _, model in SHARED_PATHS[path]))
 
 
-# Each dialect's error family (errors.SHARED_KEYS is the gateway's copy of this table).
-_FAMILIES: dict[str, ErrorFamily] = {"tei": "tei", "infinity": "infinity"}
+# The gateway's table (errors.SHARED_KEYS: each dialect key's error family, for errors
+# answered before a body is parsed) must name the same keys, in the same order, as this one.
+if {p: [k for k, _, _ in rows] for p, rows in SHARED_PATHS.items()} != {
+    p: [k for k, _ in rows] for p, rows in SHARED_KEYS.items()
+}:
+    raise RuntimeError("errors.SHARED_KEYS and api.shared.SHARED_PATHS name different keys")
 
 
 def family_of_body(path: str, model: type[BaseModel]) -> ErrorFamily:
-    for _, dialect, candidate in SHARED_PATHS[path]:
+    """The error family of the dialect whose request model `model` is (errors.SHARED_KEYS)."""
+    for (_, _, candidate), (_, family) in zip(SHARED_PATHS[path], SHARED_KEYS[path], strict=True):
         if candidate is model:
-            return _FAMILIES.get(dialect, "openai")
+            return family
     return "openai"
 
 

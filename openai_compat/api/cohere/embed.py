@@ -32,13 +32,12 @@ from openai_compat.compact import check_types, encode
 from openai_compat.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.errors import BadRequest
 from openai_compat.inference import (
-    EmbedResult,
     check_count,
     embed_fitted,
     embed_media,
     embed_texts,
 )
-from openai_compat.long_inputs import embed_long, mean_by_setting
+from openai_compat.long_inputs import embed_by_setting
 from openai_compat.registry import ModelEntry, Registry
 
 router = APIRouter(tags=["cohere"])
@@ -169,11 +168,14 @@ async def _embed(request: Request, model: type[EmbedRequestV1], version: str) ->
     tokens = 0
     if inputs.texts:
         max_tokens = body.max_tokens if isinstance(body, EmbedRequestV2) else None
-        if body.truncate is None and max_tokens is None and mean_by_setting(entry, inputs.texts):
-            # the model's setting: long texts are the mean of their windows (long_inputs.py)
-            long = await embed_long(entry, inputs.texts, settings, inputs.text_names, prompt=prompt)
-            result = EmbedResult(list(long.vectors), long.tokens)
-        elif body.truncate is None and max_tokens is None:  # the model's own setting
+        by_setting = None
+        if body.truncate is None and max_tokens is None:  # the model's own setting
+            by_setting = await embed_by_setting(
+                entry, inputs.texts, settings, inputs.text_names, prompt=prompt
+            )
+        if by_setting is not None:
+            result = by_setting
+        elif body.truncate is None and max_tokens is None:
             result = await embed_texts(
                 entry, inputs.texts, settings, inputs.text_names, prompt=prompt
             )

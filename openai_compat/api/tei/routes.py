@@ -43,7 +43,7 @@ from openai_compat.inference import (
     tokenize_texts,
     truncate_for,
 )
-from openai_compat.long_inputs import embed_long, mean_by_setting
+from openai_compat.long_inputs import embed_by_setting
 from openai_compat.registry import Capability, ModelEntry
 from openai_compat.scoring import classify_pairs, classify_texts, raw_score, rerank_texts
 from openai_compat.tokens import field_names
@@ -65,10 +65,11 @@ async def _embed(
     settings = settings_of(request)
     texts = await texts_from_input(body.inputs, entry, settings, "inputs")
     prompt = entry.prompts.choose(entry.name, prompt_name=body.prompt_name)
-    if body.truncate is None and mean_by_setting(entry, texts):
-        # the model's setting: long texts are the mean of their windows (long_inputs.py)
-        long = await embed_long(entry, texts, settings, _INPUTS, prompt=prompt)
-        result = EmbedResult(list(long.vectors), long.tokens)
+    by_setting = None
+    if body.truncate is None:  # the model's long_input setting, where it has one
+        by_setting = await embed_by_setting(entry, texts, settings, _INPUTS, prompt=prompt)
+    if by_setting is not None:
+        result = by_setting
     elif body.truncation_direction.lower() == "left" and body.truncate is not False:
         result = await embed_fitted(entry, texts, settings, _INPUTS, prompt=prompt, keep="end")
     else:
