@@ -87,7 +87,7 @@ def _add_settings_flags(serve: argparse.ArgumentParser) -> None:
         if origin is tuple:
             kwargs["action"] = "append"
             kwargs["metavar"] = name.upper()
-        elif annotation is bool:
+        elif annotation is bool or annotation == (bool | None):
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["metavar"] = name.upper()

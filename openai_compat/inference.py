@@ -102,8 +102,11 @@ async def texts_from_input(
     return texts
 
 
-def truncate_for(entry: ModelEntry, settings: Settings) -> bool:
-    return settings.truncate if entry.config.truncate is None else entry.config.truncate
+def truncate_for(entry: ModelEntry, settings: Settings, default: bool = True) -> bool:
+    """The model's truncate setting, else the server's, else the route's API default."""
+    if entry.config.truncate is not None:
+        return entry.config.truncate
+    return default if settings.truncate is None else settings.truncate
 
 
 @dataclass

@@ -217,9 +217,10 @@ class Settings(BaseModel):
         "the tokenizer's lists of a long text are built holding the GIL).",
         ge=1,
     )
-    truncate: bool = _opt(
-        True,
-        "Truncate inputs longer than the model's maximum (default) or refuse them with 400.",
+    truncate: bool | None = _opt(
+        None,
+        "Truncate inputs past the model's maximum (true) or refuse them, 400 (false). Unset: "
+        "each API's default (/v1/embeddings refuses, as OpenAI; the other routes truncate).",
     )
     forwarded_allow_ips: str | None = _opt(
         None,

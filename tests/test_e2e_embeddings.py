@@ -77,9 +77,20 @@ def test_usage_counts_real_model_tokens(client, st_model) -> None:  # type: igno
     assert expected != len(FOOD) + len(BREAD)  # not characters
 
 
+def test_long_input_is_refused_by_default_as_openai_does(client) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model=MODEL, input=["short", "word " * 1000])
+    error = caught.value.body
+    assert error["param"] == "input" and error["code"] == "input_too_long"
+    assert error["message"].startswith("input[1]: 1002 tokens, more than the 256 this model")
+    assert "long_input: 'truncate'" in error["message"]
+
+
 def test_long_input_is_truncated_and_usage_counts_after_truncation(client, st_model) -> None:  # type: ignore[no-untyped-def]
     long_text = "word " * 1000
-    resp = client.embeddings.create(model=MODEL, input=long_text, encoding_format="float")
+    resp = client.embeddings.create(
+        model=MODEL, input=long_text, encoding_format="float", extra_body={"long_input": "truncate"}
+    )
     assert resp.usage.prompt_tokens == 256
     want = st_model.encode([long_text], normalize_embeddings=True)[0]
     _assert_matches(resp.data[0].embedding, want)
@@ -197,7 +208,11 @@ def test_one_long_token_id_array_is_one_input(client, st_model) -> None:  # type
     text = "The quick brown fox jumps over the lazy dog. " * 300
     ids = enc.encode(text)
     assert len(ids) > 2048  # more ids than the most inputs a request may carry
-    resp = client.embeddings.create(model=MODEL, input=ids, encoding_format="float")
+    with pytest.raises(openai.BadRequestError, match=r"input\[0\]: 3002 tokens, more than"):
+        client.embeddings.create(model=MODEL, input=ids)  # past the window: refused (default)
+    resp = client.embeddings.create(
+        model=MODEL, input=ids, encoding_format="float", extra_body={"long_input": "truncate"}
+    )
     assert len(resp.data) == 1 and resp.usage.prompt_tokens == 256  # truncated, one input
     _assert_matches(resp.data[0].embedding, st_model.encode(enc.decode(ids)))
 

@@ -22,7 +22,7 @@ TEXTS = [
     "Replacement filter for the XR-7720 vacuum cleaner",
     "Ada Lovelace wrote the first computer program.",
     "The quick brown fox jumps over the lazy dog.",
-    "word " * 300,  # longer than the model's 256 tokens: truncated, as for dense models
+    "word " * 300,  # longer than the model's 256 tokens: truncated when asked, as for dense
 ]
 
 
@@ -74,7 +74,9 @@ def test_vectors_equal_a_direct_transformers_computation(srv: RemoteServer, refe
     from openai import OpenAI
 
     client = OpenAI(base_url=srv.url + "/v1", api_key="unused")
-    resp = client.embeddings.create(model="splade", input=TEXTS, encoding_format="float")
+    resp = client.embeddings.create(
+        model="splade", input=TEXTS, encoding_format="float", extra_body={"long_input": "truncate"}
+    )
     wants = [reference(t) for t in TEXTS]
     for item, want in zip(resp.data, wants, strict=True):
         got = _sparse(item.embedding)  # type: ignore[arg-type]
@@ -83,6 +85,13 @@ def test_vectors_equal_a_direct_transformers_computation(srv: RemoteServer, refe
     # usage: the real tokens, specials included, after truncation
     assert resp.usage.prompt_tokens == sum(w.tokens for w in wants)
     assert wants[3].tokens == 256
+    refused = _post(srv, "/v1/embeddings", {"model": "splade", "input": TEXTS})
+    assert refused.status_code == 400  # /v1/embeddings' default, as for dense models
+    assert refused.json()["error"]["message"].startswith("input[3]: 302 tokens")
+    windows = _post(
+        srv, "/v1/embeddings", {"model": "splade", "input": TEXTS, "long_input": "mean"}
+    )
+    assert windows.status_code == 400 and windows.json()["error"]["param"] == "long_input"
 
 
 def test_the_vectors_mean_something(srv: RemoteServer, reference: Any) -> None:

@@ -203,3 +203,30 @@ async def test_late_chunking_means_the_documents_own_token_vectors(
     assert r.status_code == 400 and r.json()["error"]["param"] == "chunk_spans"
     r = await client.post("/v1/embeddings", json={**bad, "chunk_spans": None, "chunk_tokens": None})
     assert r.status_code == 400 and r.json()["error"]["param"] == "chunk_spans"
+
+
+async def test_the_default_per_route_and_the_servers_truncate(client: httpx.AsyncClient) -> None:
+    """A model without long_input or truncate settings: /v1/embeddings refuses a long text
+    (OpenAI's behaviour), infinity's bare /embeddings, TEI's /embed and Cohere's embed truncate
+    (theirs); an explicit server-wide truncate = true makes /v1/embeddings truncate too."""
+    r = await client.post("/v1/embeddings", json={"model": "cls", "input": ["ok", DOC]})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["code"] == "input_too_long" and error["message"].startswith("input[1]: ")
+    assert "long_input: 'truncate'" in error["message"]
+    cut = await client.post(
+        "/v1/embeddings", json={"model": "cls", "input": DOC, "long_input": "truncate"}
+    )
+    want = cut.json()["data"][0]["embedding"]
+    bare = await client.post("/embeddings", json={"model": "cls", "input": DOC})
+    assert bare.status_code == 200 and bare.json()["usage"]["prompt_tokens"] == 256
+    np.testing.assert_allclose(bare.json()["data"][0]["embedding"], want, atol=1e-6)
+    tei = await client.post("/embed", json={"inputs": DOC, "model": "cls"})
+    assert tei.status_code == 200
+    cls = ModelConfig(
+        model="builtin:all-MiniLM-L6-v2", name="cls", pooling_method="cls", model_warmup=False
+    )
+    async with app_client(Settings(models=(cls,), truncate=True)) as server_wide:
+        r = await server_wide.post("/v1/embeddings", json={"model": "cls", "input": DOC})
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 256
+        np.testing.assert_allclose(r.json()["data"][0]["embedding"], want, atol=1e-6)

@@ -339,10 +339,10 @@ def _direct_ids(minilm_path: str, rows: list[list[int]]) -> np.ndarray:
 async def test_token_ids_model_embeds_exactly_the_ids_sent(minilm_path: str) -> None:
     """token_ids = "model": [1,1,1,1,1] is 5 tokens and the vector of those ids (it was their
     decoded text re-tokenized: 22 tokens, another vector); usage counts the ids; ids past the
-    model's limit are cut (or refused with truncation off)."""
+    model's limit are cut with truncate = true (refused without, as /v1/embeddings' default)."""
     models = (
-        _minilm(name="ids", token_ids="model", model_warmup=False),
-        _minilm(name="strict", token_ids="model", truncate=False, model_warmup=False),
+        _minilm(name="ids", token_ids="model", truncate=True, model_warmup=False),
+        _minilm(name="strict", token_ids="model", model_warmup=False),
     )
     rows = [[1, 1, 1, 1, 1], [101, 7592, 2088, 102]]
     async with app_client(Settings(models=models)) as c:

@@ -122,7 +122,9 @@ async def infinity_embeddings(request: Request) -> Response:
         modality = body.modality or "text"
         body.model = registry.default("embed" if modality == "text" else modality).name
     # infinity's matryoshka cut keeps the first values as they are (batch_handler.py)
-    return await serve_embeddings(request, body, dimensions, renormalize=False)
+    return await serve_embeddings(
+        request, body, dimensions, renormalize=False, truncate_default=True
+    )
 
 
 @router.get("/models", response_model=ModelList, responses=ERROR_RESPONSES)

@@ -25,14 +25,21 @@ from openai_compat.inference import (
     embed_media,
     embed_texts,
     texts_from_input,
+    truncate_for,
 )
 from openai_compat.long_inputs import embed_late, embed_long, long_payload
 from openai_compat.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingResponse
 from openai_compat.registry import ModelEntry
+from openai_compat.settings import Settings
 from openai_compat.sparse import check_options, embedding_object
 from openai_compat.tokens import input_names
 
 router = APIRouter(tags=["embeddings"])
+
+_LONG_HINT = (
+    "send long_input: 'truncate' (the first window), 'mean' (every window, averaged) or "
+    "'chunks' (a vector per window); a model's long_input setting changes the default."
+)
 
 
 @router.post(
@@ -49,16 +56,23 @@ async def create_embeddings(request: Request) -> Response:
 
 
 async def serve_embeddings(
-    request: Request, body: EmbeddingRequest, dimensions: int | None, *, renormalize: bool = True
+    request: Request,
+    body: EmbeddingRequest,
+    dimensions: int | None,
+    *,
+    renormalize: bool = True,
+    truncate_default: bool = False,
 ) -> Response:
     """The embeddings answer for a parsed body (also behind infinity's bare /embeddings,
-    which cuts `dimensions` without renormalising, as infinity does)."""
+    which cuts `dimensions` without renormalising and truncates long texts, as infinity does).
+    A text past the window with no long_input or truncate setting anywhere is a 400, as
+    OpenAI answers one past its 8,192 tokens."""
     registry, settings = ready_registry(request), settings_of(request)
     modality = body.modality or "text"
     capability = "embed" if modality == "text" else modality
     named = registry.resolve(body.model)
     if named.sparse and modality == "text":
-        return await _sparse(request, body, named, dimensions)
+        return await _sparse(request, body, named, dimensions, truncate_default)
     if body.top_k is not None or body.min_weight is not None or body.return_tokens:
         param = "top_k" if body.top_k is not None else "min_weight"
         param = "return_tokens" if body.return_tokens else param
@@ -96,8 +110,13 @@ async def serve_embeddings(
                 long, mode=shape, fmt=fmt, dimensions=dimensions, model=body.model
             )
             return Response(payload, media_type="application/json")
-        truncate = None if mode is None else mode == "truncate"
-        result = await embed_texts(entry, texts, settings, prompt=prompt, truncate=truncate)
+        truncate = _truncate(mode, entry, settings, truncate_default)
+        try:
+            result = await embed_texts(entry, texts, settings, prompt=prompt, truncate=truncate)
+        except BadRequest as e:
+            if e.code == "input_too_long":
+                e.message = e.args[0].replace("let the server truncate.", _LONG_HINT)
+            raise
     else:
         items = [body.input] if isinstance(body.input, str) else body.input
         if not all(isinstance(i, str) for i in items):
@@ -118,8 +137,18 @@ async def serve_embeddings(
     return Response(payload, media_type="application/json")
 
 
+def _truncate(mode: str | None, entry: ModelEntry, settings: Settings, route_default: bool) -> bool:
+    """Whether a text past the window is cut (else refused): the request's or the model's
+    long_input, else the model's or the server's truncate, else the route's default."""
+    return truncate_for(entry, settings, route_default) if mode is None else mode == "truncate"
+
+
 async def _sparse(
-    request: Request, body: EmbeddingRequest, entry: ModelEntry, dimensions: int | None
+    request: Request,
+    body: EmbeddingRequest,
+    entry: ModelEntry,
+    dimensions: int | None,
+    truncate_default: bool,
 ) -> Response:
     """A sparse (SPLADE) model: per input {"indices", "values"} (see sparse.py)."""
     settings = settings_of(request)
@@ -134,8 +163,17 @@ async def _sparse(
     prompt = entry.prompts.choose(
         entry.name, input_type=body.input_type, prompt_name=body.prompt_name, task=body.task
     )
+    mode = body.long_input or entry.config.long_input
+    if mode in ("mean", "chunks", "late"):
+        raise BadRequest(
+            f"long_input {mode!r} applies to dense models; {entry.name!r} is sparse (use "
+            "'truncate' or 'error').",
+            param="long_input",
+            code="unsupported_parameter",
+        )
     texts = await texts_from_input(body.input, entry, settings)
-    result = await embed_texts(entry, texts, settings, prompt=prompt)
+    truncate = _truncate(mode, entry, settings, truncate_default)
+    result = await embed_texts(entry, texts, settings, prompt=prompt, truncate=truncate)
     note(request, entry.name, len(result.vectors), result.tokens)
     token_of = entry.tokenizer("return_tokens").token if body.return_tokens else None
     fmt = body.encoding_format or "float"
