@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import logging
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
@@ -14,7 +15,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
 from openai_compat import __version__, logs
-from openai_compat.api import docs, playground, probes, shared, vllm
+from openai_compat.api import admin, docs, playground, probes, shared, vllm
 from openai_compat.api.cohere import embed as cohere_embed
 from openai_compat.api.cohere import rerank
 from openai_compat.api.infinity import routes as infinity_routes
@@ -26,32 +27,47 @@ from openai_compat.batch import routes as batch_routes
 from openai_compat.batch.service import BatchService
 from openai_compat.bodies import BodyParser
 from openai_compat.cache import EmbeddingCache
-from openai_compat.errors import install_error_handlers
+from openai_compat.errors import APIError, install_error_handlers
 from openai_compat.lifecycle import Lifecycle, in_daemon_thread
-from openai_compat.loading import load_models, stop_engines
+from openai_compat.loading import ModelLoader, stop_engines, unload_entry
 from openai_compat.media import MediaFetcher
 from openai_compat.metrics import Metrics
 from openai_compat.middleware import FastPathMiddleware, GatewayMiddleware, fast_path_table
-from openai_compat.registry import EngineFailure, Registry
-from openai_compat.settings import Settings
+from openai_compat.pool import ModelPool
+from openai_compat.registry import EngineFailure, ModelEntry, Registry
+from openai_compat.settings import ConfigError, Settings
 
 logger = logging.getLogger("openai_compat")
 
 
 async def _load(registry: Registry, lifecycle: Lifecycle, settings: Settings) -> None:
+    """The eager models, in order (lazy ones load on first use; pool.py); then ready."""
+    assert registry.pool is not None
     try:
         # Import the engine (torch: seconds) off the event loop, then undo its logging setup.
         await in_daemon_thread(importlib.import_module, "infinity_emb", name="import")
         logs.reclaim_root()
-        await load_models(registry, settings.exports())
+        await registry.pool.loader.prepare()  # shared by all models, measured with none
+        for config in registry.configs:
+            if config.load == "eager":
+                await registry.pool.load(config.served_name)
         registry.choose_defaults(settings.default_models())
     except EngineFailure as exc:
         lifecycle.fail(str(exc))
+    except APIError as exc:  # an eager model larger than the memory budget
+        lifecycle.fail(exc.message)
     except Exception as exc:  # the loader must never die silently
         logger.exception("model loading crashed")
         lifecycle.fail(f"model loading crashed: {type(exc).__name__}: {exc}")
     else:
         lifecycle.ready()
+
+
+def _loaded(registry: Registry, entry: ModelEntry) -> None:
+    """A model the pool loaded: served, and its card kept for when it is unloaded."""
+    registry.add(entry)
+    assert registry.pool is not None
+    registry.pool.slots[entry.name].card = models.card(entry, entry.name)
 
 
 def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
@@ -60,6 +76,23 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     A `registry` that is already complete (tests, embedding in another app) is served as is.
     """
     registry = registry if registry is not None else Registry(settings.served_models())
+    eager = sum(1 for c in registry.configs if c.load == "eager")
+    if settings.max_loaded_models and eager > settings.max_loaded_models:
+        raise ConfigError(
+            f"{eager} models load eagerly but --max-loaded-models is "
+            f'{settings.max_loaded_models}: set load = "lazy" on the others'
+        )
+    if registry.pool is None and not registry.complete:
+        registry.pool = ModelPool(
+            registry.configs,
+            ModelLoader(registry, settings.exports()),
+            partial(unload_entry, registry),
+            max_loaded=settings.max_loaded_models,
+            budget=settings.memory_budget,
+            max_waiters=settings.max_load_waiters,
+            wait_timeout=settings.load_wait_timeout,
+            on_loaded=partial(_loaded, registry),
+        )
     if settings.cache_bytes and registry.cache is None:
         registry.cache = EmbeddingCache(settings.cache_bytes)
     settings.default_models()  # a malformed --default-model stops start-up here
@@ -93,6 +126,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
                 loader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await loader
+            if registry.pool is not None:
+                await registry.pool.close()
             await media.close()
             bodies.close()
             await stop_engines(registry)
@@ -122,6 +157,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     # configured with a bare base URL; the tutorial's /classify also takes /v1/classify's body.
     mounted = [
         (probes.router, "", True),
+        (admin.router, "", True),
         (playground.router, "", False),
         (docs.router, "", False),
         (rerank.router, "", True),

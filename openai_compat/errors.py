@@ -61,6 +61,12 @@ class ModelNotFound(APIError):
         )
 
 
+class NotFound(APIError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "not_found"
+
+
 class PayloadTooLarge(APIError):
     status = 413
     type = "invalid_request_error"

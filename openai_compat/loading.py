@@ -255,13 +255,26 @@ async def describe(
     )
 
 
-async def load_models(registry: Registry, export_dir: Path | None = None) -> None:
-    """Load, start and warm every configured model in order, and register it."""
-    cl100k = await in_daemon_thread(Cl100kDecoder, name="cl100k")
+class ModelLoader:
+    """`await loader(config) -> ModelEntry`: creates, starts, describes and warms one model
+    (pool.py calls it, one load at a time). `prepare()` first loads what all models share
+    (the cl100k_base decoder), so no model's measured size includes it."""
 
-    async def load(config: ModelConfig) -> ModelEntry:
+    def __init__(self, registry: Registry, export_dir: Path | None = None) -> None:
+        self.registry, self.export_dir = registry, export_dir
+        self._cl100k: Cl100kDecoder | None = None
+
+    async def prepare(self) -> Cl100kDecoder:
+        if self._cl100k is None:
+            self._cl100k = await in_daemon_thread(Cl100kDecoder, name="cl100k")
+        return self._cl100k
+
+    async def __call__(self, config: ModelConfig) -> ModelEntry:
+        registry, export_dir = self.registry, self.export_dir
+        cl100k = await self.prepare()
         started = time.perf_counter()
         logger.info("loading model %r from %s", config.served_name, config.model)
+        engine = None
         try:
             engine = await in_daemon_thread(
                 create_engine, config, export_dir, name=config.served_name
@@ -271,9 +284,11 @@ async def load_models(registry: Registry, export_dir: Path | None = None) -> Non
             entry = await describe(config, engine, cl100k, export_dir or default_export_dir())
             if config.model_warmup:
                 await warm_up(entry)
-        except EngineFailure:
-            raise
-        except Exception as exc:
+        except BaseException as exc:
+            if engine is not None:  # a lazy load that failed must not leave its engine behind
+                await _stop_quietly(registry, engine)
+            if isinstance(exc, EngineFailure) or not isinstance(exc, Exception):
+                raise
             raise EngineFailure(
                 f"model {config.served_name!r} ({config.model}) failed to load: "
                 f"{type(exc).__name__}: {exc}"
@@ -289,11 +304,24 @@ async def load_models(registry: Registry, export_dir: Path | None = None) -> Non
         )
         return entry
 
-    # One at a time: transformers' from_pretrained builds models under process-global
-    # contexts (meta-device init), and two loads in parallel threads corrupt each other
-    # ("Cannot copy out of meta tensor").
-    for config in registry.configs:
-        registry.add(await load(config))
+
+async def _stop_quietly(registry: Registry, engine: Any) -> None:
+    registry.engines = [e for e in registry.engines if e is not engine]
+    try:
+        await engine.astop()
+    except Exception:  # already broken: the load's own error is the one to report
+        logger.debug("stopping a failed engine raised", exc_info=True)
+
+
+async def unload_entry(registry: Registry, entry: ModelEntry) -> None:
+    """Stop one model's engine and drop what holds its memory (pool.py then trims)."""
+    registry.remove(entry)
+    if entry.logits is not None:
+        entry.logits.close()
+    if entry.feeder is not None:
+        entry.feeder.close()
+    await entry.engine.astop()
+    entry.engine = entry.counter = entry.logits = entry.feeder = entry.token_decoder = None
 
 
 async def warm_up(entry: ModelEntry) -> None:

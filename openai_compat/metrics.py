@@ -77,7 +77,54 @@ class _ModelState(Collector):
             inflight.add_metric([entry.name], entry.inflight + entry.background_inflight)
             engine_queue.add_metric([entry.name], entry.engine_queue())
             loaded.add_metric([entry.name], entry.load_seconds)
-        return [queued, inflight, engine_queue, loaded, hits, misses, evictions, held]
+        return [
+            queued,
+            inflight,
+            engine_queue,
+            loaded,
+            hits,
+            misses,
+            evictions,
+            held,
+            *self._residency(),
+        ]
+
+    def _residency(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
+        """Per configured model (pool.py): state, loads, unloads, load time, measured size."""
+        pool = self.registry.pool
+        if pool is None:
+            return []
+        state = GaugeMetricFamily(
+            "openai_compat_model_state",
+            "1 for the model's residency state (unloaded, loading, loaded, unloading, failed).",
+            labels=["model", "state"],
+        )
+        loads = CounterMetricFamily(
+            "openai_compat_model_loads", "Times the model was loaded.", labels=["model"]
+        )
+        unloads = CounterMetricFamily(
+            "openai_compat_model_unloads", "Times the model was unloaded.", labels=["model"]
+        )
+        seconds = CounterMetricFamily(
+            "openai_compat_model_load_seconds_total",
+            "Seconds spent loading the model, all loads together.",
+            labels=["model"],
+        )
+        resident = GaugeMetricFamily(
+            "openai_compat_model_resident_bytes",
+            "The loaded model's resident size, measured (process RSS after its load minus "
+            "before); 0 while unloaded.",
+            labels=["model"],
+        )
+        for name, slot in pool.slots.items():
+            for each in ("unloaded", "loading", "loaded", "unloading", "failed"):
+                state.add_metric([name, each], 1.0 if slot.state == each else 0.0)
+            loads.add_metric([name], slot.loads)
+            unloads.add_metric([name], slot.unloads)
+            seconds.add_metric([name], slot.load_seconds_total)
+            size = slot.resident_bytes or 0
+            resident.add_metric([name], size if slot.state in ("loaded", "unloading") else 0)
+        return [state, loads, unloads, seconds, resident]
 
 
 class Metrics:

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from openai_compat.errors import (
     SHARED_KEYS,
     APIError,
+    NotFound,
     PayloadTooLarge,
     ServiceUnavailable,
     Unauthorized,
@@ -37,6 +38,7 @@ from openai_compat.errors import (
 from openai_compat.lifecycle import Lifecycle
 from openai_compat.metrics import Metrics
 from openai_compat.settings import Settings
+from openai_compat.slots import raise_if_unloaded, request_leases
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -51,6 +53,7 @@ UPLOAD_PATHS = frozenset({"/v1/files", "/files"})
 PAGE_PATHS = frozenset({"/", "/playground", "/playground/app.js", "/playground/app.css"})
 # The docs pages' UI code (api/docs.py): public, holds no data.
 DOC_ASSETS_PREFIX = "/docs/assets/"
+ADMIN_PREFIX = "/admin"  # model load/unload (api/admin.py): the admin key only
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 
 
@@ -108,6 +111,7 @@ class GatewayMiddleware:
         self.metrics = metrics
         self.known = known_paths
         self.keys = [k.encode() for k in settings.api_key]
+        self.admin_keys = [settings.admin_key.encode()] if settings.admin_key else []
         protect = settings.protect_docs_and_metrics
         self.open_paths = PROBE_PATHS if protect else PROBE_PATHS | DOC_PATHS
         self.max_body = settings.max_body_bytes
@@ -115,14 +119,14 @@ class GatewayMiddleware:
         self.max_upload = settings.batch_max_file_bytes + 1024 * 1024
         self.access_log = settings.access_log
 
-    def _authorized(self, scope: Scope) -> bool:
+    def _authorized(self, scope: Scope, keys: list[bytes] | None = None) -> bool:
         header = _header(scope, b"authorization") or b""
         scheme, _, token = header.partition(b" ")
         if scheme.lower() != b"bearer":
             token = b""
         token = token.strip()
         ok = False
-        for key in self.keys:  # every key compared, in constant time each
+        for key in self.keys if keys is None else keys:  # each in constant time
             ok |= hmac.compare_digest(token, key)
         return ok
 
@@ -192,6 +196,8 @@ class GatewayMiddleware:
             self._record(scope, path, status, start)
 
     def _refuse(self, scope: Scope, path: str) -> tuple[str, APIError] | None:
+        if path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"):
+            return self._refuse_admin(scope)
         page = path in PAGE_PATHS or path.startswith(DOC_ASSETS_PREFIX)
         open_page = page and scope["method"] in ("GET", "HEAD")
         if (
@@ -212,6 +218,19 @@ class GatewayMiddleware:
                 self.lifecycle.unavailable_message(),
                 code="draining",
                 headers={"Retry-After": "1", "Connection": "close"},
+            )
+        return None
+
+    def _refuse_admin(self, scope: Scope) -> tuple[str, APIError] | None:
+        """The admin routes take the admin key alone; without one they do not exist."""
+        if not self.admin_keys:
+            return "not_found", NotFound(
+                "Not Found (the admin routes are off: start the server with --admin-key)."
+            )
+        if not self._authorized(scope, self.admin_keys):
+            return "unauthorized", Unauthorized(
+                "Incorrect or missing admin key: send 'Authorization: Bearer <admin key>'.",
+                headers={"WWW-Authenticate": "Bearer"},
             )
         return None
 
@@ -337,7 +356,8 @@ class FastPathMiddleware:
                 else:
                     # Read fully first: then receive() only reports a disconnect.
                     await request.body()
-                    response = await self._until_disconnect(endpoint, request)
+                    with request_leases():  # the models it uses stay loaded until it ends
+                        response = await self._until_disconnect(endpoint, request)
             except ClientDisconnect:  # gone while uploading: nothing to answer
                 response = None
         except APIError as exc:
@@ -362,7 +382,11 @@ class FastPathMiddleware:
         finally:
             watcher.cancel()
         if handler.done():
-            return handler.result()
+            try:
+                return handler.result()
+            except asyncio.CancelledError as exc:
+                raise_if_unloaded(exc)  # a forced unload took its model: 503
+                raise
         handler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await handler

@@ -20,6 +20,8 @@ from pydantic import (
     field_validator,
 )
 
+from openai_compat.model_config import KeepAlive
+
 # Integers a JSON answer can carry exactly (orjson writes 64-bit integers, signed or not).
 _INT_RANGE = (-(2**63), 2**64 - 1)
 
@@ -88,7 +90,13 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str
     root: str = Field(description="The served name this id resolves to (itself for a name).")
-    capabilities: list[str] = Field(description="embed, rerank, classify, image, audio")
+    capabilities: list[str] | None = Field(
+        None, description="embed, rerank, classify, image, audio (once the model has loaded)."
+    )
+    state: Literal["unloaded", "loading", "loaded", "unloading", "failed"] | None = Field(
+        None, description="Extension: whether the model is in memory now (lazy models load on use)."
+    )
+    load: Literal["eager", "lazy"] | None = Field(None, description="Extension: its load setting.")
     dimensions: int | None = Field(None, description="Embedding size, for models that embed.")
     max_input_tokens: int | None = None
     prompts: dict[str, str] | None = Field(
@@ -126,6 +134,7 @@ class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr
+    keep_alive: KeepAlive = None
     input: EmbeddingInput = Field(
         description="A string, an array of strings, an array of token ids, or an array of "
         "arrays of token ids (OpenAI cl100k_base ids unless the model says otherwise)."
@@ -263,6 +272,7 @@ class ClassifyRequest(BaseModel):
     raw_scores: bool | None = Field(
         None, description="Return the model's raw logits instead of probabilities."
     )
+    keep_alive: KeepAlive = None
 
 
 class LabelScore(BaseModel):

@@ -6,18 +6,28 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from openai_compat.cache import EmbeddingCache
 from openai_compat.compact import Quantizer
 from openai_compat.engine import adapter
 from openai_compat.engine.feeder import Feeder, in_background
-from openai_compat.errors import BadRequest, ModelNotFound, RateLimited
+from openai_compat.errors import BadRequest, ModelNotFound, RateLimited, ServiceUnavailable
 from openai_compat.prompts import Prompts
 from openai_compat.settings import ModelConfig, check_unique_names
 from openai_compat.tokens import TokenCounter
 
+if TYPE_CHECKING:
+    from openai_compat.pool import ModelPool
+
 Capability = Literal["embed", "sparse", "rerank", "classify", "image", "audio"]
+
+
+def owned_by(model: str) -> str:
+    """A hub id's organisation; ours for local folders and builtins."""
+    if "/" in model and not model.startswith(("/", ".", "builtin:")):
+        return model.split("/")[0]
+    return "openai-compat"
 
 
 class EngineFailure(RuntimeError):
@@ -61,10 +71,7 @@ class ModelEntry:
 
     @property
     def owned_by(self) -> str:
-        model = self.config.model
-        if "/" in model and not model.startswith(("/", ".", "builtin:")):
-            return model.split("/")[0]
-        return "openai-compat"
+        return owned_by(self.config.model)
 
     @contextmanager
     def admit(self, inputs: int, limit: int) -> Iterator[None]:
@@ -134,34 +141,56 @@ class ModelEntry:
 
 
 class Registry:
-    """Served name or alias -> ModelEntry. Filled while models load; order is config order."""
+    """Served name or alias -> ModelEntry, for every configured model; the loaded ones have
+    an entry. With a pool (pool.py), `acquire` loads a model that is not loaded and leases it
+    to the request; without one (a registry filled by hand) every model must be loaded."""
 
     def __init__(self, configs: Sequence[ModelConfig]) -> None:
         check_unique_names(list(configs))
         self.configs = tuple(configs)
-        self._entries: dict[str, ModelEntry] = {}  # served name -> entry
+        self._entries: dict[str, ModelEntry] = {}  # served name -> loaded entry
         self._names: dict[str, str] = {}  # served name or alias -> served name
+        for c in configs:
+            for name in (c.served_name, *c.aliases):
+                self._names[name] = c.served_name
         self._order: list[str] = [c.served_name for c in configs]
         self.engines: list[Any] = []  # every engine started, for shutdown
-        self._defaults: dict[str, ModelEntry] = {}  # capability -> model (choose_defaults)
+        self._defaults: dict[str, str] = {}  # capability -> served name (choose_defaults)
         self.cache: EmbeddingCache | None = None  # shared by the models that use one
+        self.pool: ModelPool | None = None
 
     # ------------------------------------------------------------ filling
 
     def add(self, entry: ModelEntry) -> None:
-        for name in (entry.name, *entry.config.aliases):
-            if name in self._names:
-                raise ValueError(f"duplicate model name or alias {name!r}")
+        if entry.name in self._entries or self._names.get(entry.name, entry.name) != entry.name:
+            raise ValueError(f"duplicate model name or alias {entry.name!r}")
         if self.cache is not None and entry.config.cache and not entry.sparse:
             entry.cache = self.cache
         self._entries[entry.name] = entry
-        self._names[entry.name] = entry.name
-        for alias in entry.config.aliases:
-            self._names[alias] = entry.name
+        for name in (entry.name, *entry.config.aliases):
+            self._names[name] = entry.name
+
+    def remove(self, entry: ModelEntry) -> None:
+        """Forget an unloaded model's entry (its names stay: a request loads it again)."""
+        if self._entries.get(entry.name) is entry:
+            del self._entries[entry.name]
+        self.engines = [e for e in self.engines if e is not entry.engine]
 
     @property
     def complete(self) -> bool:
         return len(self._entries) == len(self.configs)
+
+    def config(self, name: str) -> ModelConfig:
+        """The configuration behind a served name or alias (loaded or not)."""
+        served = self._names.get(name)
+        if served is None:
+            raise ModelNotFound(name, self.served_names())
+        return next(c for c in self.configs if c.served_name == served)
+
+    def loaded(self, name: str) -> ModelEntry | None:
+        """The entry of a served name or alias if that model is loaded now (no lease)."""
+        served = self._names.get(name)
+        return self._entries.get(served) if served is not None else None
 
     def __iter__(self) -> Iterable[ModelEntry]:
         return iter([self._entries[n] for n in self._order if n in self._entries])
@@ -177,15 +206,23 @@ class Registry:
 
     # ------------------------------------------------------------ lookups
 
-    def resolve(self, name: str) -> ModelEntry:
+    async def resolve(self, name: str) -> ModelEntry:
+        """The model `name` names, loaded (pool.py) and leased to the current request."""
         served = self._names.get(name)
         if served is None:
             raise ModelNotFound(name, self.served_names())
-        return self._entries[served]
+        if self.pool is not None:
+            return await self.pool.acquire(served)
+        entry = self._entries.get(served)
+        if entry is None:
+            raise ServiceUnavailable(f"Model {name!r} is not loaded.", code="model_not_loaded")
+        return entry
 
-    def require(self, name: str, capability: Capability) -> ModelEntry:
+    async def require(self, name: str, capability: Capability) -> ModelEntry:
         """The model for `name`, which must be able to do `capability` (else 400)."""
-        entry = self.resolve(name)
+        return self.check(await self.resolve(name), name, capability)
+
+    def check(self, entry: ModelEntry, name: str, capability: Capability) -> ModelEntry:
         if capability not in entry.capabilities:
             can = ", ".join(sorted(entry.capabilities)) or "nothing"
             kind = " (a multi-vector model: one vector per token)" if entry.multivector else ""
@@ -198,15 +235,19 @@ class Registry:
 
     def choose_defaults(self, chosen: dict[str, str]) -> None:
         """Fix the model each capability serves to requests that name none (TEI's API,
-        infinity's without `model`): `chosen` (--default-model), else the first served model
+        infinity's without `model`): `chosen` (--default-model), else the first loaded model
         that can, a real cross-encoder before an embedding model's cosine ranking. Once, when
-        every model is loaded; a chosen name that is not served, or cannot, stops start-up."""
-        defaults: dict[str, ModelEntry] = {}
+        the eager models are loaded; a chosen name that is not served, or a loaded one that
+        cannot, stops start-up (a lazy one's abilities are checked when it loads)."""
+        defaults: dict[str, str] = {}
         for capability, name in chosen.items():
             try:
-                defaults[capability] = self.require(name, capability)  # type: ignore[arg-type]
+                self.config(name)
+                if (entry := self.loaded(name)) is not None:
+                    self.check(entry, name, capability)  # type: ignore[arg-type]
             except (ModelNotFound, BadRequest) as exc:
                 raise EngineFailure(f"--default-model {capability}={name}: {exc.message}") from exc
+            defaults[capability] = name
         entries = self.entries()
         for capability in _VERB:
             able = [e for e in entries if capability in e.capabilities]
@@ -216,24 +257,29 @@ class Registry:
             elif capability == "embed":
                 able.sort(key=lambda e: e.multivector)
             if able:
-                defaults.setdefault(capability, able[0])
+                defaults.setdefault(capability, able[0].name)
         self._defaults = defaults
 
-    def default(self, capability: Capability, *, or_first: bool = False) -> ModelEntry:
+    def default_name(self, capability: Capability) -> str | None:
+        return self._defaults.get(capability)
+
+    async def default(self, capability: Capability, *, or_first: bool = False) -> ModelEntry:
         """The model for requests that name none (see choose_defaults); with `or_first`, the
         first served model when none can (tokenizing needs only a tokenizer)."""
-        entry = self._defaults.get(capability)
-        if entry is None and or_first and self._order:
-            entry = self.resolve(self._order[0])
-        if entry is None:
+        name = self._defaults.get(capability)
+        if name is None and or_first and self._order:
+            return await self.resolve(self._order[0])
+        if name is None:
             raise BadRequest(
                 f"No served model can {_VERB[capability]}.",
                 param="model",
                 code="model_not_supported",
             )
-        return entry
+        return await self.require(name, capability)
 
-    def by_index(self, index: int | None, capability: Capability, position: int) -> ModelEntry:
+    async def by_index(
+        self, index: int | None, capability: Capability, position: int
+    ) -> ModelEntry:
         """The tutorial's routes pick models by position in the configured list. Without an
         index, the tutorial's `position` for the capability (configs/production.toml's
         order) when the model there can; else this server's default for the capability, so
@@ -241,10 +287,12 @@ class Registry:
         param = "model_index"
         if index is None:
             at = self._order[position] if position < len(self._order) else None
-            if at is not None and capability in self._entries[at].capabilities:
-                return self._entries[at]
+            if at is not None:
+                entry = await self.resolve(at)
+                if capability in entry.capabilities:
+                    return entry
             if capability in self._defaults:
-                return self._defaults[capability]
+                return await self.default(capability)
             raise BadRequest(
                 f"No served model can {_VERB[capability]}. The tutorial's routes expect its "
                 f"model list (configs/production.toml: {TUTORIAL_ORDER}); this server serves "
@@ -260,7 +308,7 @@ class Registry:
                 param=param,
                 code="invalid_model_index",
             )
-        return self.require(self._order[index], capability)
+        return await self.require(self._order[index], capability)
 
     def _listing(self) -> str:
         return ", ".join(f"{i}={n}" for i, n in enumerate(self._order))

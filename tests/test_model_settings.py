@@ -127,6 +127,14 @@ EFFECTS: dict[str, tuple[str, str]] = {
         "tests/test_e2e_prompts_cohere.py",
         "test_models_list_prompts_and_int8_ranges",
     ),
+    "load": (
+        "tests/test_model_pool.py",
+        "test_ten_concurrent_first_requests_share_one_load",
+    ),
+    "keep_alive": (
+        "tests/test_model_pool.py",
+        "test_keep_alive_unloads_an_idle_model_and_a_request_may_set_it",
+    ),
 }
 
 
@@ -155,7 +163,7 @@ async def test_dtype_casts_the_weights_and_the_vectors_follow(st_model: Any) -> 
     from openai_compat.engine import adapter
 
     async with app_client(Settings(models=(_minilm(dtype="bfloat16", model_warmup=False),))) as c:
-        entry = c.app_state.registry.resolve("m")  # type: ignore[attr-defined]
+        entry = c.app_state.registry.loaded("m")  # type: ignore[attr-defined]
         weights = next(adapter.replica_of(entry.engine).parameters())
         got = _vectors((await c.post("/v1/embeddings", json={"model": "m", "input": TEXTS})).json())
     assert str(weights.dtype) == "torch.bfloat16"
@@ -194,7 +202,7 @@ async def test_batch_size_model_warmup_and_wave_batching(
     config = _minilm(batch_size=3, model_warmup=warm, wave_batching=waves)
     async with app_client(Settings(models=(config,))) as c:
         at_ready = list(engine_batches)
-        entry = c.app_state.registry.resolve("m")  # type: ignore[attr-defined]
+        entry = c.app_state.registry.loaded("m")  # type: ignore[attr-defined]
         assert (entry.feeder is not None) is waves
         texts = [f"text number {i}" for i in range(8)]
         r = await c.post("/v1/embeddings", json={"model": "m", "input": texts})

@@ -25,28 +25,28 @@ def registry() -> Registry:
     return reg
 
 
-def test_names_and_aliases_resolve_to_one_entry(registry: Registry) -> None:
-    assert registry.resolve("emb") is registry.resolve("text-embedding-3-small")
-    assert registry.resolve("reranker").name == "reranker"
+async def test_names_and_aliases_resolve_to_one_entry(registry: Registry) -> None:
+    assert await registry.resolve("emb") is await registry.resolve("text-embedding-3-small")
+    assert (await registry.resolve("reranker")).name == "reranker"
     assert registry.served_names() == ["emb", "reranker", "text-embedding-3-small"]
     assert registry.complete
 
 
-def test_unknown_name_is_404_never_a_fallback(registry: Registry) -> None:
+async def test_unknown_name_is_404_never_a_fallback(registry: Registry) -> None:
     with pytest.raises(ModelNotFound) as info:
-        registry.resolve("gpt-4")
+        await registry.resolve("gpt-4")
     assert info.value.status == 404 and info.value.param == "model"
     with pytest.raises(ModelNotFound):
-        registry.resolve("EMB")  # names are exact
+        await registry.resolve("EMB")  # names are exact
 
 
-def test_capability_mismatch_is_400_naming_what_it_can_do(registry: Registry) -> None:
-    assert registry.require("emb", "embed").name == "emb"
+async def test_capability_mismatch_is_400_naming_what_it_can_do(registry: Registry) -> None:
+    assert (await registry.require("emb", "embed")).name == "emb"
     with pytest.raises(BadRequest) as info:
-        registry.require("reranker", "embed")
+        await registry.require("reranker", "embed")
     assert info.value.param == "model" and "rerank" in info.value.message
     with pytest.raises(BadRequest):
-        registry.require("text-embedding-3-small", "classify")
+        await registry.require("text-embedding-3-small", "classify")
 
 
 def test_duplicates_are_refused() -> None:
@@ -56,15 +56,15 @@ def test_duplicates_are_refused() -> None:
         Registry([ModelConfig(model="a/x", aliases=("y",)), ModelConfig(model="b/y")])
 
 
-def test_by_index_follows_config_order(registry: Registry) -> None:
-    assert registry.by_index(1, "rerank", 2).name == "reranker"
+async def test_by_index_follows_config_order(registry: Registry) -> None:
+    assert (await registry.by_index(1, "rerank", 2)).name == "reranker"
     with pytest.raises(BadRequest) as info:
-        registry.by_index(2, "rerank", 2)
+        await registry.by_index(2, "rerank", 2)
     assert info.value.param == "model_index" and "0=emb" in info.value.message
     assert "configs/production.toml" in info.value.message
 
 
-def test_by_index_without_index_uses_the_tutorial_position_else_the_default() -> None:
+async def test_by_index_without_index_uses_the_tutorial_position_else_the_default() -> None:
     emb = ModelConfig(model="org/emb")
     rr = ModelConfig(model="org/rr", name="reranker")
     reg = Registry([emb, rr])
@@ -73,12 +73,12 @@ def test_by_index_without_index_uses_the_tutorial_position_else_the_default() ->
     reg.choose_defaults({})
     # Position 1 (the tutorial's text model) is the reranker here: it cannot embed, so the
     # server's default embedder answers; position 1 can rerank, so it is used as such.
-    assert reg.by_index(None, "embed", 1).name == "emb"
-    assert reg.by_index(None, "rerank", 1).name == "reranker"
+    assert (await reg.by_index(None, "embed", 1)).name == "emb"
+    assert (await reg.by_index(None, "rerank", 1)).name == "reranker"
     # No position 2 here: the default reranker.
-    assert reg.by_index(None, "rerank", 2).name == "emb"
+    assert (await reg.by_index(None, "rerank", 2)).name == "emb"
     with pytest.raises(BadRequest) as info:
-        reg.by_index(None, "classify", 3)
+        await reg.by_index(None, "classify", 3)
     assert info.value.code == "model_not_supported" and "0 CLIP" in info.value.message
 
 
@@ -89,16 +89,16 @@ def test_incomplete_while_loading() -> None:
     assert [e.name for e in reg.entries()] == ["x"]
 
 
-def test_defaults_are_fixed_at_start_up_real_reranker_first(registry: Registry) -> None:
+async def test_defaults_are_fixed_at_start_up_real_reranker_first(registry: Registry) -> None:
     registry.entries()[0].cosine_rerank = True  # 'emb' ranks by cosine; 'reranker' is real
     registry.choose_defaults({})
-    assert registry.default("embed").name == "emb"
-    assert registry.default("rerank").name == "reranker"
+    assert (await registry.default("embed")).name == "emb"
+    assert (await registry.default("rerank")).name == "reranker"
     with pytest.raises(BadRequest, match="No served model can classify text"):
-        registry.default("classify")
-    assert registry.default("classify", or_first=True).name == "emb"
+        await registry.default("classify")
+    assert (await registry.default("classify", or_first=True)).name == "emb"
     registry.choose_defaults({"rerank": "emb"})
-    assert registry.default("rerank").name == "emb"
+    assert (await registry.default("rerank")).name == "emb"
 
 
 def test_a_default_model_that_is_not_served_or_cannot_stops_start_up(registry: Registry) -> None:

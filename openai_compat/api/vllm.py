@@ -32,7 +32,7 @@ class VllmDetokenizeRequest(BaseModel):
 
 
 async def vllm_tokenize(request: Request, body: VllmTokenizeRequest) -> Response:
-    entry = _model(request, body.model)
+    entry = await _model(request, body.model)
     (row,) = await tokenize_texts(
         entry,
         [body.prompt],
@@ -53,15 +53,15 @@ async def vllm_tokenize(request: Request, body: VllmTokenizeRequest) -> Response
 async def detokenize(request: Request) -> Response:
     """vLLM: token ids back to text with the model's own tokenizer."""
     body = await read_body(request, VllmDetokenizeRequest)
-    entry = _model(request, body.model)
+    entry = await _model(request, body.model)
     (text,) = await detokenize_ids(
         entry, [body.tokens], settings_of(request), skip_special_tokens=True, param="tokens"
     )
     return orjson_response({"prompt": text})
 
 
-def _model(request: Request, name: str | None) -> ModelEntry:
+async def _model(request: Request, name: str | None) -> ModelEntry:
     registry = ready_registry(request)
     if name is not None:
-        return registry.resolve(name)
-    return registry.default("embed", or_first=True)
+        return await registry.resolve(name)
+    return await registry.default("embed", or_first=True)

@@ -447,10 +447,16 @@ function renderModelTable(samples) {
   tbody.replaceChildren(
     ...state.models.map((m) => {
       const queued = samples ? sum(samples, "openai_compat_queued_inputs", (l) => l.model === m.id) : null;
+      // Residency (lazy models, idle unloads): live from /metrics, else as /v1/models said.
+      const live = (samples || []).find((s) => s.name === "openai_compat_model_state" && s.labels.model === m.id && s.value === 1);
+      const modelState = live ? live.labels.state : m.state || "loaded";
+      const resident = samples ? sum(samples, "openai_compat_model_resident_bytes", (l) => l.model === m.id) : 0;
       return el(
         "tr",
-        { "data-model": m.id },
+        { "data-model": m.id, "data-state": modelState },
         el("td", { text: m.id }),
+        el("td", { class: "state", text: modelState }),
+        el("td", { class: "resident", text: samples && ["loaded", "unloading"].includes(modelState) ? `${(resident / 2 ** 20).toFixed(1)} MiB` : "–" }),
         el("td", { text: (m.capabilities || []).join(", ") }),
         el("td", { text: m.dimensions ?? "–" }),
         el("td", { text: m.max_input_tokens ?? "–" }),

@@ -116,10 +116,10 @@ def _inputs(body: EmbedRequestV1) -> _Inputs:
     return inputs
 
 
-def _entry(registry: Registry, body: EmbedRequestV1, inputs: _Inputs) -> ModelEntry:
-    entry = registry.require(body.model, "embed" if inputs.texts else "image")
+async def _entry(registry: Registry, body: EmbedRequestV1, inputs: _Inputs) -> ModelEntry:
+    entry = await registry.require(body.model, "embed" if inputs.texts else "image")
     if inputs.texts and inputs.images:
-        entry = registry.require(body.model, "image")
+        entry = await registry.require(body.model, "image")
     if entry.multivector:
         raise BadRequest(
             f"Model {entry.name!r} gives one vector per token; Cohere's embed response holds "
@@ -144,7 +144,7 @@ async def _embed(request: Request, model: type[EmbedRequestV1], version: str) ->
     check_count(inputs.count, settings.max_inputs_per_request, inputs.param)
     if inputs.images:
         check_count(len(inputs.images), settings.max_media_items, inputs.param, "images")
-    entry = _entry(registry, body, inputs)
+    entry = await _entry(registry, body, inputs)
     dimensions = _output_dimension(body, entry) if v2 else None
     types: Sequence[str] | None = body.embedding_types or None
     if types is None and v2:

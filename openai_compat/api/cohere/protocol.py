@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
+from openai_compat.model_config import KeepAlive
 from openai_compat.protocol import Usage, check_echoable, error_responses
 
 Truncate = Literal["NONE", "START", "END"]
@@ -122,6 +123,7 @@ class RerankRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr
+    keep_alive: KeepAlive = None
     query: StrictStr
     documents: list[RerankDocument] = Field(
         description="Strings, {'text': ...} objects, or objects ranked on `rank_fields`."

@@ -44,11 +44,11 @@ from openai_compat.scoring import check_top_n, classify_texts, raw_score, rerank
 router = APIRouter(tags=["infinity"])
 
 
-def _model(request: Request, name: str, capability: Capability) -> ModelEntry:
+async def _model(request: Request, name: str, capability: Capability) -> ModelEntry:
     registry = ready_registry(request)
     if name == UNNAMED:
-        return registry.default(capability)
-    return registry.require(name, capability)
+        return await registry.default(capability)
+    return await registry.require(name, capability)
 
 
 def _envelope(kind: str, model: str, tokens: int) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def _envelope(kind: str, model: str, tokens: int) -> dict[str, Any]:
 
 
 async def infinity_rerank(request: Request, body: InfinityRerankRequest) -> Response:
-    entry = _model(request, body.model, "rerank")
+    entry = await _model(request, body.model, "rerank")
     check_top_n(body.top_n)
     result = await rerank_texts(entry, body.query, body.documents, settings_of(request))
     note(request, entry.name, len(body.documents), result.tokens)
@@ -79,7 +79,7 @@ async def infinity_rerank(request: Request, body: InfinityRerankRequest) -> Resp
 
 
 async def infinity_classify(request: Request, body: InfinityClassifyRequest) -> Response:
-    entry = _model(request, body.model, "classify")
+    entry = await _model(request, body.model, "classify")
     texts = [body.input] if isinstance(body.input, str) else body.input
     result = await classify_texts(entry, texts, settings_of(request), raw_scores=body.raw_scores)
     note(request, entry.name, len(texts), result.tokens)
@@ -89,7 +89,7 @@ async def infinity_classify(request: Request, body: InfinityClassifyRequest) -> 
 
 async def _media(request: Request, modality: Modality) -> Response:
     body = await read_body(request, InfinityMediaRequest)
-    entry = _model(request, body.model, modality)
+    entry = await _model(request, body.model, modality)
     if body.encoding_format not in ("float", "base64"):
         raise BadRequest("'encoding_format' must be 'float' or 'base64'.", param="encoding_format")
     items = [body.input] if isinstance(body.input, str) else body.input
@@ -120,7 +120,7 @@ async def infinity_embeddings(request: Request) -> Response:
     dimensions = None if body.dimensions == 0 else body.dimensions
     if body.model == UNNAMED:
         modality = body.modality or "text"
-        body.model = registry.default("embed" if modality == "text" else modality).name
+        body.model = (await registry.default("embed" if modality == "text" else modality)).name
     # infinity's matryoshka cut keeps the first values as they are (batch_handler.py)
     return await serve_embeddings(
         request, body, dimensions, renormalize=False, truncate_default=True
@@ -134,18 +134,19 @@ async def infinity_models(request: Request) -> Response:
     infinity's client accepts. /v1/models is unchanged."""
     settings = settings_of(request)
     data = []
-    for card, entry in model_cards(ready_registry(request)):
-        queued = entry.engine_queue()
+    registry = ready_registry(request)
+    for card, entry in model_cards(registry):
+        queued = entry.engine_queue() if entry else 0
         limit = settings.max_queued_inputs
+        config = registry.config(str(card["id"]))
         stats = {
             "queue_fraction": queued / limit if limit else 0.0,
             "queue_absolute": queued,
-            "results_pending": entry.pending,
-            "batch_size": entry.config.batch_size,
+            "results_pending": entry.pending if entry else 0,
+            "batch_size": config.batch_size,
         }
-        data.append(
-            {**card, "owned_by": "infinity", "backend": entry.config.engine, "stats": stats}
-        )
+        card.setdefault("capabilities", [])  # infinity's client needs the list (unloaded: [])
+        data.append({**card, "owned_by": "infinity", "backend": config.engine, "stats": stats})
     return orjson_response({"object": "list", "data": data})
 
 

@@ -31,6 +31,7 @@ from openai_compat.long_inputs import embed_late, embed_long, long_payload
 from openai_compat.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingResponse
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
+from openai_compat.slots import set_keep_alive
 from openai_compat.sparse import check_options, embedding_object
 from openai_compat.tokens import input_names
 
@@ -70,7 +71,8 @@ async def serve_embeddings(
     registry, settings = ready_registry(request), settings_of(request)
     modality = body.modality or "text"
     capability = "embed" if modality == "text" else modality
-    named = registry.resolve(body.model)
+    named = await registry.resolve(body.model)
+    set_keep_alive(named, body.keep_alive)
     if named.sparse and modality == "text":
         return await _sparse(request, body, named, dimensions, truncate_default)
     if body.top_k is not None or body.min_weight is not None or body.return_tokens:
@@ -81,7 +83,7 @@ async def serve_embeddings(
             param=param,
             code="unsupported_parameter",
         )
-    entry = registry.require(body.model, capability)
+    entry = await registry.require(body.model, capability)
     check_dimensions(dimensions, entry)
     result: EmbedResult
     if modality == "text":

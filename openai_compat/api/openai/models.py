@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_compat.api.request import ready_registry
 from openai_compat.encoding import orjson_response
 from openai_compat.protocol import ERROR_RESPONSES, ModelCard, ModelList
-from openai_compat.registry import ModelEntry, Registry
+from openai_compat.registry import ModelEntry, Registry, owned_by
+
+_STARTED = int(time.time())
 
 router = APIRouter(tags=["models"])
 
 
-def _card(entry: ModelEntry, id: str) -> dict[str, object]:
+def card(entry: ModelEntry, id: str) -> dict[str, Any]:
     return ModelCard(
         id=id,
         created=entry.created,
@@ -29,22 +34,41 @@ def _card(entry: ModelEntry, id: str) -> dict[str, object]:
     ).model_dump(exclude_none=True)
 
 
-def model_cards(registry: Registry) -> list[tuple[dict[str, object], ModelEntry]]:
-    """A card for every served name and alias, with the model it names."""
-    cards = []
-    for entry in registry.entries():
-        for id in (entry.name, *entry.config.aliases):
-            cards.append((_card(entry, id), entry))
-    return cards
+def _listed(registry: Registry, id: str) -> dict[str, Any]:
+    """A served name's card: what the loaded model says of itself, else what its config says;
+    with its state and load setting (extensions)."""
+    config = registry.config(id)
+    entry = registry.loaded(id)
+    if entry is not None:
+        listed = card(entry, id)
+    elif registry.pool is not None and (known := registry.pool.slots[config.served_name].card):
+        listed = {**known, "id": id}  # what it said of itself when it was last loaded
+    else:
+        listed = ModelCard(
+            id=id, created=_STARTED, owned_by=owned_by(config.model), root=config.served_name
+        ).model_dump(exclude_none=True)
+    pool = registry.pool
+    listed["state"] = pool.slots[config.served_name].state if pool else "loaded"
+    listed["load"] = config.load
+    return listed
+
+
+def model_cards(registry: Registry) -> list[tuple[dict[str, Any], ModelEntry | None]]:
+    """A card for every served name and alias, with the model it names if it is loaded."""
+    return [
+        (_listed(registry, id), registry.loaded(id))
+        for config in registry.configs
+        for id in (config.served_name, *config.aliases)
+    ]
 
 
 @router.get("/models", response_model=ModelList, responses=ERROR_RESPONSES)
 async def list_models(request: Request) -> Response:
-    """Every served name and alias, with each model's capabilities."""
-    cards = [card for card, _ in model_cards(ready_registry(request))]
+    """Every served name and alias, with each model's capabilities and state."""
+    cards = [listed for listed, _ in model_cards(ready_registry(request))]
     return orjson_response({"object": "list", "data": cards})
 
 
 @router.get("/models/{model_id:path}", response_model=ModelCard, responses=ERROR_RESPONSES)
 async def retrieve_model(model_id: str, request: Request) -> Response:
-    return orjson_response(_card(ready_registry(request).resolve(model_id), model_id))
+    return orjson_response(_listed(ready_registry(request), model_id))

@@ -52,10 +52,10 @@ router = APIRouter(tags=["tei"])
 _INPUTS = field_names("inputs")
 
 
-def _model(request: Request, capability: Capability, *, or_first: bool = False) -> ModelEntry:
+async def _model(request: Request, capability: Capability, *, or_first: bool = False) -> ModelEntry:
     """TEI's requests name no model: the default for the capability (TEI's errors from here)."""
     set_family(request, "tei")
-    return ready_registry(request).default(capability, or_first=or_first)
+    return await ready_registry(request).default(capability, or_first=or_first)
 
 
 async def _embed(
@@ -81,7 +81,7 @@ async def _embed(
 
 
 async def tei_embed(request: Request, body: TeiEmbedRequest) -> Response:
-    entry = _model(request, "embed")
+    entry = await _model(request, "embed")
     if not body.normalize:
         check_raw_output(entry)
     check_dimensions(body.dimensions, entry)
@@ -99,7 +99,7 @@ async def tei_embed(request: Request, body: TeiEmbedRequest) -> Response:
 async def embed_sparse(request: Request) -> Response:
     """TEI: SPLADE sparse vectors, each as [{"index", "value"}] (non-zero weights, ascending
     index), from the default sparse model."""
-    entry = _model(request, "sparse")
+    entry = await _model(request, "sparse")
     return await _embed_sparse(request, entry, await read_body(request, TeiEmbedSparseRequest))
 
 
@@ -119,7 +119,7 @@ async def _embed_sparse(
 
 
 async def tei_rerank(request: Request, body: TeiRerankRequest) -> Response:
-    entry = _model(request, "rerank")
+    entry = await _model(request, "rerank")
     settings = settings_of(request)
     docs = body.texts
     if body.truncation_direction.lower() == "left" and entry.counter is not None:
@@ -143,7 +143,7 @@ async def tei_rerank(request: Request, body: TeiRerankRequest) -> Response:
 
 
 async def tei_tokenize(request: Request, body: TeiTokenizeRequest) -> Response:
-    entry = _model(request, "embed", or_first=True)
+    entry = await _model(request, "embed", or_first=True)
     single = isinstance(body.inputs, str)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     settings = settings_of(request)
@@ -186,7 +186,7 @@ def _tei_tokens(row: list[Any], text: str) -> list[dict[str, Any]]:
 )
 async def predict(request: Request) -> Response:
     """TEI: classify a text, a [text, text] pair, or a list of texts and pairs."""
-    entry = _model(request, "classify")
+    entry = await _model(request, "classify")
     settings = settings_of(request)
     body = await read_body(request, TeiPredictRequest)
     raw = body.inputs
@@ -223,7 +223,7 @@ async def predict(request: Request) -> Response:
 @router.post("/decode", responses=TEI_ERROR_RESPONSES, openapi_extra=body_openapi(TeiDecodeRequest))
 async def decode(request: Request) -> Response:
     """TEI: token ids back to text with the model's own tokenizer."""
-    entry = _model(request, "embed", or_first=True)
+    entry = await _model(request, "embed", or_first=True)
     body = await read_body(request, TeiDecodeRequest)
     # ids may come as numpy arrays (bodies over 1 MiB are parsed in a worker: bodies.py)
     single = len(body.ids) == 0 or isinstance(body.ids[0], int | np.integer)
@@ -243,9 +243,10 @@ async def info(request: Request) -> Response:
     """TEI: what the default model is and the limits requests meet."""
     set_family(request, "tei")
     registry, settings = ready_registry(request), settings_of(request)
-    entry = registry.entries()[0]
+    loaded = registry.entries()
+    entry = loaded[0] if loaded else await registry.default("embed", or_first=True)
     if "embed" in entry.capabilities and not entry.multivector:
-        entry = registry.default("embed")
+        entry = await registry.default("embed")
         model_type: dict[str, Any] = {"embedding": {"pooling": "mean"}}
     else:
         kind = "reranker" if "rerank" in entry.capabilities else "classifier"

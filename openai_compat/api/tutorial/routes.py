@@ -42,7 +42,7 @@ def _embeddings(entry: ModelEntry, result: EmbedResult) -> Response:
 
 async def embed(request: Request, body: TutorialEmbedRequest) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
-    entry = registry.by_index(body.model_index, "embed", 1)
+    entry = await registry.by_index(body.model_index, "embed", 1)
     check_count(len(body.sentences), settings.max_inputs_per_request, "sentences", "sentences")
     prompt = entry.prompts.choose(
         entry.name, input_type=body.input_type, prompt_name=body.prompt_name
@@ -63,7 +63,7 @@ async def embed(request: Request, body: TutorialEmbedRequest) -> Response:
 async def image_embed(request: Request) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, TutorialImageEmbedRequest)
-    entry = registry.by_index(body.model_index, "image", 0)
+    entry = await registry.by_index(body.model_index, "image", 0)
     check_count(len(body.image_urls), settings.max_media_items, "image_urls", "media items")
     result = await embed_media(
         entry, body.image_urls, "image", settings, media_of(request), field_names("image_urls")
@@ -74,7 +74,7 @@ async def image_embed(request: Request) -> Response:
 
 async def rerank(request: Request, body: TutorialRerankRequest) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
-    entry = registry.by_index(body.model_index, "rerank", 2)
+    entry = await registry.by_index(body.model_index, "rerank", 2)
     result = await rerank_texts(entry, body.query, body.docs, settings, docs_param="docs")
     note(request, entry.name, len(body.docs), result.tokens)
     rankings = [
@@ -86,7 +86,7 @@ async def rerank(request: Request, body: TutorialRerankRequest) -> Response:
 
 async def classify(request: Request, body: TutorialClassifyRequest) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
-    entry = registry.by_index(body.model_index, "classify", 3)
+    entry = await registry.by_index(body.model_index, "classify", 3)
     result = await classify_texts(entry, body.sentences, settings, param="sentences")
     note(request, entry.name, len(body.sentences), result.tokens)
     classifications = [

@@ -1,0 +1,97 @@
+"""Measured memory: the process's resident size, giving freed memory back to the system, and
+the size of a model's weight files (what it costs before it was ever loaded)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import os
+import sys
+from functools import cache
+from pathlib import Path
+
+from openai_compat.settings import ModelConfig
+
+_WEIGHTS = (".safetensors", ".bin", ".onnx", ".pt", ".pth", ".xml", ".h5", ".msgpack")
+
+
+def rss() -> int:
+    """Resident bytes of this process (Linux /proc; 0 where that is not available)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+@cache
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    name = ctypes.util.find_library("c") or "libc.so.6"
+    try:
+        libc = ctypes.CDLL(name)
+        libc.malloc_trim  # noqa: B018 (glibc only: musl has none)
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def trim() -> None:
+    """Give glibc's freed arenas back to the system (it keeps them otherwise, so an unloaded
+    model's memory would stay resident)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def release() -> None:
+    """After dropping a model: collect its cycles, empty torch's device caches, trim."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        mps = getattr(torch, "mps", None)
+        if mps is not None and torch.backends.mps.is_available():
+            mps.empty_cache()
+    trim()
+
+
+def model_file_bytes(config: ModelConfig) -> int:
+    """The weight files of a model: a local folder's, or a hub id's snapshot in the local
+    cache (never fetched here); 0 when neither is found."""
+    try:
+        folder = Path(config.source)
+    except Exception:  # a builtin whose package is missing: the load will say so
+        return 0
+    if not folder.is_dir():
+        folder = _cached_snapshot(config.model, config.revision) or folder
+    if not folder.is_dir():
+        return 0
+    total = 0
+    for path in folder.rglob("*"):
+        if path.suffix in _WEIGHTS and path.is_file():
+            total += path.stat().st_size  # a hub cache's symlinks: the blob's size
+    return total
+
+
+def _cached_snapshot(repo: str, revision: str | None) -> Path | None:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo, revision=revision, local_files_only=True))
+    except Exception:  # not cached, not a hub id, or no hub library: unknown
+        return None
+
+
+def human(size: int | None) -> str:
+    if size is None:
+        return "unknown"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"

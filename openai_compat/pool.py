@@ -1,0 +1,368 @@
+"""Which models are loaded: lazy loads on first use, idle unloads, a memory budget.
+
+Every configured model has a Slot with a state (unloaded, loading, loaded, unloading, failed).
+A request takes a lease on its model (`acquire`) and holds it until its response is built;
+the HTTP layer releases the request's leases (`request_leases`). A model with a lease is never
+unloaded: an unload waits for them (or, forced, cancels their handlers: 503 to those clients).
+Loads run one at a time (transformers builds models under process-global contexts), each in
+its own task: waiters share it (single flight) and a client that leaves does not cancel it.
+Before a load, the least recently used idle models are unloaded until the new one fits
+`--max-loaded-models` and `--memory-budget`; sizes are measured (RSS before and after each
+load), the model's file sizes standing in before its first load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from openai_compat import memory
+from openai_compat.errors import APIError, BadRequest, ServiceUnavailable
+from openai_compat.settings import ModelConfig
+from openai_compat.slots import FORCED_UNLOAD, REQUEST_LEASES, Lease, Slot
+
+logger = logging.getLogger("openai_compat")
+
+ModelEntry = Any  # registry.ModelEntry (registry imports this module)
+
+# A failed lazy load is tried again by a request at most this often.
+RETRY_FAILED_AFTER = 30.0
+
+Loader = Any  # loading.ModelLoader: await loader(config) -> ModelEntry; loader.prepare()
+Unloader = Callable[[ModelEntry], Awaitable[None]]
+
+
+class ModelPool:
+    """Slots for every configured model; loads and unloads them (see the module's text)."""
+
+    def __init__(
+        self,
+        configs: tuple[ModelConfig, ...],
+        loader: Loader,
+        unloader: Unloader,
+        *,
+        max_loaded: int = 0,
+        budget: int = 0,
+        max_waiters: int = 256,
+        wait_timeout: float = 120.0,
+        on_loaded: Callable[[ModelEntry], None] | None = None,
+        on_unloaded: Callable[[ModelEntry], None] | None = None,
+    ) -> None:
+        self.slots = {c.served_name: Slot(c) for c in configs}
+        self.loader, self._unloader = loader, unloader
+        self.max_loaded, self.budget = max_loaded, budget
+        self.max_waiters, self.wait_timeout = max_waiters, wait_timeout
+        self._on_loaded, self._on_unloaded = on_loaded, on_unloaded
+        self._load_lock = asyncio.Lock()
+        self._changed = asyncio.Condition()  # a lease released, a model unloaded
+        self._version = 0  # bumped by every such change (no wake-up is lost)
+        self.closed = False
+
+    # ------------------------------------------------------------ requests
+
+    async def acquire(self, name: str) -> ModelEntry:
+        """The loaded model `name`, loading it first if need be, leased to the current request."""
+        slot = self.slots[name]
+        deadline = time.monotonic() + self.wait_timeout
+        while True:
+            if slot.state == "loaded" and slot.entry is not None:
+                return self._lease(slot)
+            if self.closed:
+                raise ServiceUnavailable("The server is shutting down.", code="draining")
+            if slot.state == "unloading" and slot.unload_task is not None:
+                await self._wait(slot, asyncio.shield(slot.unload_task), deadline)
+                continue
+            if slot.state == "failed" and time.monotonic() - slot.failed_at < RETRY_FAILED_AFTER:
+                raise ServiceUnavailable(
+                    f"Model {name!r} failed to load: {slot.error}",
+                    code="model_load_failed",
+                    headers={"Retry-After": str(int(RETRY_FAILED_AFTER))},
+                )
+            task = slot.load_task if slot.state == "loading" else None
+            if task is None:
+                task = self._start_load(slot)
+            await self._wait(slot, asyncio.shield(task), deadline)
+
+    async def _wait(self, slot: Slot, awaitable: Awaitable[Any], deadline: float) -> None:
+        if slot.waiters >= self.max_waiters:
+            raise ServiceUnavailable(
+                f"{slot.waiters} requests are already waiting for model {slot.name!r} to load; "
+                "retry shortly.",
+                code="model_loading",
+                headers={"Retry-After": "1"},
+            )
+        slot.waiters += 1
+        try:
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                await awaitable
+        except TimeoutError:
+            raise ServiceUnavailable(
+                f"Model {slot.name!r} is still {slot.state} after {self.wait_timeout:g}s; "
+                "retry shortly.",
+                code="model_loading",
+                headers={"Retry-After": "5"},
+            ) from None
+        finally:
+            slot.waiters -= 1
+
+    def _lease(self, slot: Slot) -> ModelEntry:
+        assert slot.entry is not None
+        held = REQUEST_LEASES.get()
+        if held is not None and not any(lease.slot is slot for lease in held):
+            task = asyncio.current_task()
+            lease = Lease(slot, task, self._release)
+            slot.leases += 1
+            if task is not None:
+                slot.holders.add(task)
+            held.append(lease)
+        self._cancel_expiry(slot)
+        slot.last_used = time.monotonic()
+        return slot.entry
+
+    def _release(self, lease: Lease) -> None:
+        slot = lease.slot
+        slot.leases -= 1
+        if lease.task is not None:
+            slot.holders.discard(lease.task)
+        slot.last_used = time.monotonic()
+        if slot.leases == 0:
+            self._notify()
+            if slot.state == "loaded":
+                self._plan_expiry(slot)
+
+    # ------------------------------------------------------------ idle unloads
+
+    def _plan_expiry(self, slot: Slot) -> None:
+        keep = slot.config.keep_alive if slot.keep_alive_next is None else slot.keep_alive_next
+        slot.keep_alive_next = None
+        self._cancel_expiry(slot)
+        if keep < 0:
+            return
+        slot.expires_at = time.monotonic() + keep
+        loop = asyncio.get_running_loop()
+        slot.expiry = loop.call_later(keep, self._expire, slot)
+
+    def _cancel_expiry(self, slot: Slot) -> None:
+        if slot.expiry is not None:
+            slot.expiry.cancel()
+        slot.expiry, slot.expires_at = None, None
+
+    def _expire(self, slot: Slot) -> None:
+        slot.expiry, slot.expires_at = None, None
+        if slot.state == "loaded" and slot.leases == 0:
+            logger.info("model %r idle past its keep_alive: unloading", slot.name)
+            self._start_unload(slot, force=False)
+
+    # ------------------------------------------------------------ loading
+
+    def _start_load(self, slot: Slot) -> asyncio.Task[Any]:
+        slot.state, slot.error = "loading", None
+        task = asyncio.create_task(self._load(slot), name=f"load-{slot.name}")
+        task.add_done_callback(_retrieve)
+        slot.load_task = task
+        return task
+
+    async def load(self, name: str) -> None:
+        """Load `name` now (eager start-up and the admin API); returns once it is loaded."""
+        slot = self.slots[name]
+        while slot.state != "loaded":
+            if slot.state == "unloading" and slot.unload_task is not None:
+                await asyncio.shield(slot.unload_task)
+                continue
+            task = slot.load_task if slot.state == "loading" else None
+            await asyncio.shield(task or self._start_load(slot))
+
+    async def _load(self, slot: Slot) -> None:
+        try:
+            async with self._load_lock:
+                await self._make_room(slot)
+                memory.trim()
+                before = memory.rss()
+                started = time.perf_counter()
+                entry = await self.loader(slot.config)
+                slot.load_seconds = time.perf_counter() - started
+                after = memory.rss()
+            slot.resident_bytes = max(after - before, 0) if before and after else None
+            slot.entry, slot.state, slot.loads = entry, "loaded", slot.loads + 1
+            slot.load_seconds_total += slot.load_seconds
+            slot.last_used = time.monotonic()
+            if self._on_loaded is not None:
+                self._on_loaded(entry)
+            logger.info(
+                "model %r loaded in %.1fs, %s resident",
+                slot.name,
+                slot.load_seconds,
+                memory.human(slot.resident_bytes),
+            )
+            if slot.leases == 0 and slot.waiters == 0:
+                self._plan_expiry(slot)  # loaded ahead of use (eager, admin): idle from now
+        except APIError:
+            slot.state = "unloaded"  # could not make room: nothing wrong with the model
+            raise
+        except BaseException as exc:
+            slot.state, slot.failed_at = "failed", time.monotonic()
+            slot.error = str(exc) or type(exc).__name__
+            raise
+        finally:
+            slot.load_task = None
+            self._notify()
+
+    async def _make_room(self, slot: Slot) -> None:
+        """Unload least recently used idle models until `slot` fits; wait (bounded) while
+        the models in the way are busy. A model larger than the whole budget is a 400."""
+        need = slot.charge() if self.budget else 0
+        if self.budget and need > self.budget:
+            raise BadRequest(
+                f"Model {slot.name!r} needs {memory.human(need)}, more than the whole memory "
+                f"budget ({memory.human(self.budget)}); it cannot be loaded on this server.",
+                param="model",
+                code="model_too_large",
+            )
+        deadline = time.monotonic() + self.wait_timeout
+        while not self._fits(slot, need):
+            idle = [
+                s
+                for s in self.slots.values()
+                if s is not slot and s.state == "loaded" and s.leases == 0 and s.waiters == 0
+            ]
+            if idle:
+                victim = min(idle, key=lambda s: s.last_used)
+                logger.info("unloading idle model %r to make room for %r", victim.name, slot.name)
+                await self._start_unload(victim, force=False)
+                continue
+            busy = [s.name for s in self.slots.values() if s.state in ("loaded", "unloading")]
+            seen = self._version
+            try:
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                    async with self._changed:
+                        await self._changed.wait_for(partial(self._changed_since, seen))
+            except TimeoutError:
+                raise ServiceUnavailable(
+                    f"No room to load model {slot.name!r}: the loaded models "
+                    f"({', '.join(busy)}) stayed busy for {self.wait_timeout:g}s.",
+                    code="model_capacity",
+                    headers={"Retry-After": "5"},
+                ) from None
+
+    def _fits(self, slot: Slot, need: int) -> bool:
+        others = [
+            s for s in self.slots.values() if s is not slot and s.state in ("loaded", "unloading")
+        ]
+        if self.max_loaded and len(others) + 1 > self.max_loaded:
+            return False
+        return not self.budget or sum(s.charge() for s in others) + need <= self.budget
+
+    # ------------------------------------------------------------ unloading
+
+    async def unload(self, name: str, *, force: bool = False) -> bool:
+        """Unload `name` once its in-flight work is done (force: cancel that work). False if
+        it was not loaded."""
+        slot = self.slots[name]
+        if slot.state == "loading" and slot.load_task is not None:
+            await asyncio.shield(slot.load_task)
+        if slot.state == "unloading" and slot.unload_task is not None:
+            if force:
+                self._cancel_holders(slot)
+            await asyncio.shield(slot.unload_task)
+            return True
+        if slot.state != "loaded":
+            return False
+        await self._start_unload(slot, force=force)
+        return True
+
+    def _start_unload(self, slot: Slot, *, force: bool) -> asyncio.Task[None]:
+        if slot.unload_task is not None:
+            return slot.unload_task
+        self._cancel_expiry(slot)
+        slot.state = "unloading"
+        if force:
+            self._cancel_holders(slot)
+        task = asyncio.create_task(self._unload(slot), name=f"unload-{slot.name}")
+        task.add_done_callback(_retrieve)
+        slot.unload_task = task
+        return task
+
+    def _cancel_holders(self, slot: Slot) -> None:
+        for task in list(slot.holders):
+            task.cancel(FORCED_UNLOAD)
+
+    async def _unload(self, slot: Slot) -> None:
+        try:
+            async with self._changed:
+                await self._changed.wait_for(lambda: slot.leases == 0)
+            entry, slot.entry = slot.entry, None
+            if entry is not None:
+                if self._on_unloaded is not None:
+                    self._on_unloaded(entry)
+                try:
+                    await self._unloader(entry)
+                finally:
+                    del entry
+                    memory.release()
+            slot.unloads += 1
+            logger.info("model %r unloaded (rss now %s)", slot.name, memory.human(memory.rss()))
+        finally:
+            slot.state, slot.unload_task, slot.holders = "unloaded", None, set()
+            self._notify()
+
+    def _changed_since(self, version: int) -> bool:
+        return self._version != version
+
+    def _notify(self) -> None:
+        self._version += 1
+
+        async def wake() -> None:
+            async with self._changed:
+                self._changed.notify_all()
+
+        with contextlib.suppress(RuntimeError):  # no loop: interpreter shutdown
+            asyncio.get_running_loop().create_task(wake()).add_done_callback(_retrieve)
+
+    async def close(self) -> None:
+        """At shutdown: no new loads; planned idle unloads and loads under way are dropped
+        (the engines are stopped with the others)."""
+        self.closed = True
+        for slot in self.slots.values():
+            self._cancel_expiry(slot)
+            if slot.load_task is not None and not slot.load_task.done():
+                slot.load_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await slot.load_task
+
+    # ------------------------------------------------------------ reading
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """The admin view of one model (GET /admin/models)."""
+        slot = self.slots[name]
+        now = time.monotonic()
+        return {
+            "id": name,
+            "load": slot.config.load,
+            "state": slot.state,
+            "error": slot.error,
+            "keep_alive": slot.config.keep_alive,
+            "idle_unload_in": None
+            if slot.expires_at is None
+            else round(max(slot.expires_at - now, 0.0), 3),
+            "in_flight": slot.leases,
+            "waiting": slot.waiters,
+            "loads": slot.loads,
+            "unloads": slot.unloads,
+            "load_seconds": round(slot.load_seconds, 3) if slot.loads else None,
+            "resident_bytes": slot.resident_bytes,
+            "file_bytes": slot.file_size(),
+        }
+
+    def loaded_count(self) -> int:
+        return sum(1 for s in self.slots.values() if s.state in ("loaded", "unloading"))
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a background task's outcome as seen (waiters get it through their shield)."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,311 @@
+"""Models in bounded memory (pool.py), in process on the model-free debug engine: lazy loads
+shared by concurrent first requests, idle unloads after keep_alive, least-recently-used
+eviction under --max-loaded-models and --memory-budget, unloads that wait for (or cancel)
+in-flight work, bounded waiters, the admin API and the states /v1/models and /metrics show.
+
+Timing is controlled by pause hooks (a load or an engine batch waits on an Event the test
+sets), never by this machine's speed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from openai_compat import loading
+from openai_compat.settings import ModelConfig, Settings
+from tests.utils import app_client
+
+ADMIN = {"Authorization": "Bearer admin-secret"}
+
+
+def _debug(name: str, **options: Any) -> ModelConfig:
+    return ModelConfig(model=f"debug/{name}", name=name, engine="debugengine", **options)
+
+
+def _settings(*models: ModelConfig, **options: Any) -> Settings:
+    return Settings(models=models, admin_key="admin-secret", cache_bytes=0, **options)
+
+
+async def _states(client: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
+    r = await client.get("/admin/models", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    return {m["id"]: m for m in r.json()["data"]}
+
+
+async def _embed(client: httpx.AsyncClient, model: str, text: str, **extra: Any) -> httpx.Response:
+    return await client.post("/v1/embeddings", json={"model": model, "input": text, **extra})
+
+
+async def _until(predicate: Any, what: str) -> None:
+    """Poll the server (a deadline, not a sleep for luck) until `await predicate()` is true."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+class Gate:
+    """A pause hook: code that calls `pass_()` (in any thread) waits until the test opens it."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.reached = threading.Event()
+        self.count = 0
+
+    def pass_(self) -> None:
+        self.count += 1
+        self.reached.set()
+        assert self.opened.wait(60), "the test never opened the gate"
+
+    async def wait_reached(self) -> None:
+        assert await asyncio.to_thread(self.reached.wait, 30)
+
+
+@pytest.fixture
+def load_gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
+    """Every lazy model's load waits at the gate before building its engine."""
+    gate = Gate()
+    create = loading.create_engine
+
+    def gated(config: ModelConfig, *args: Any, **kwargs: Any) -> Any:
+        if config.load == "lazy":
+            gate.pass_()
+        return create(config, *args, **kwargs)
+
+    monkeypatch.setattr(loading, "create_engine", gated)
+    yield gate
+    gate.opened.set()
+
+
+@pytest.fixture
+def batch_gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
+    """The debug engine's batches wait at the gate once it is armed (`gate.count = 0`)."""
+    from infinity_emb.transformer.embedder.dummytransformer import DummyTransformer
+
+    gate = Gate()
+    gate.opened.set()  # open until a test closes it
+    encode = DummyTransformer.encode_core
+
+    def gated(self: Any, features: Any) -> Any:
+        gate.pass_()
+        return encode(self, features)
+
+    monkeypatch.setattr(DummyTransformer, "encode_core", gated)
+    yield gate
+    gate.opened.set()
+
+
+@pytest.fixture
+async def lazy3() -> AsyncIterator[httpx.AsyncClient]:
+    """One eager model and three lazy ones, at most two loaded."""
+    settings = _settings(
+        _debug("eager"),
+        _debug("a", load="lazy"),
+        _debug("b", load="lazy"),
+        _debug("c", load="lazy"),
+        max_loaded_models=2,
+    )
+    async with app_client(settings) as c:
+        yield c
+
+
+async def test_ready_needs_only_the_eager_models_and_listings_show_states(
+    lazy3: httpx.AsyncClient,
+) -> None:
+    ready = await lazy3.get("/ready")
+    assert ready.status_code == 200
+    cards = {m["id"]: m for m in (await lazy3.get("/v1/models")).json()["data"]}
+    assert {k: (v["state"], v["load"]) for k, v in cards.items()} == {
+        "eager": ("loaded", "eager"),
+        "a": ("unloaded", "lazy"),
+        "b": ("unloaded", "lazy"),
+        "c": ("unloaded", "lazy"),
+    }
+    assert cards["eager"]["capabilities"] and "capabilities" not in cards["a"]  # not known yet
+    assert (await lazy3.get("/v1/models/a")).json()["state"] == "unloaded"
+    metrics = (await lazy3.get("/metrics")).text
+    assert 'openai_compat_model_state{model="a",state="unloaded"} 1.0' in metrics
+    assert 'openai_compat_model_loads_total{model="eager"} 1.0' in metrics
+
+
+async def test_least_recently_used_idle_model_makes_room(lazy3: httpx.AsyncClient) -> None:
+    for name, text in (("a", "x"), ("b", "xx"), ("a", "xxx")):
+        r = await _embed(lazy3, name, text)
+        assert r.status_code == 200 and r.json()["data"][0]["embedding"] == [len(text)] * 13
+    states = await _states(lazy3)
+    # 'eager' was the least recently used when 'b' needed room; 'a' was used after 'b' loaded
+    assert {k: v["state"] for k, v in states.items()} == {
+        "eager": "unloaded",
+        "a": "loaded",
+        "b": "loaded",
+        "c": "unloaded",
+    }
+    assert (await _embed(lazy3, "c", "xxxx")).status_code == 200
+    states = await _states(lazy3)
+    assert [k for k, v in states.items() if v["state"] == "loaded"] == ["a", "c"]
+    assert states["b"]["unloads"] == 1 and states["eager"]["loads"] == 1
+    # an unloaded model's card keeps what it said of itself
+    card = (await lazy3.get("/v1/models/b")).json()
+    assert card["state"] == "unloaded" and card["dimensions"] == 13
+    assert (await _embed(lazy3, "eager", "y")).status_code == 200  # loads again on use
+    assert (await _states(lazy3))["eager"]["loads"] == 2
+
+
+async def test_ten_concurrent_first_requests_share_one_load(load_gate: Gate) -> None:
+    async with app_client(_settings(_debug("eager"), _debug("lazy", load="lazy"))) as c:
+        load_gate.count = 0
+        texts = ["q" * (i + 1) for i in range(10)]
+        requests = [asyncio.create_task(_embed(c, "lazy", t)) for t in texts]
+        await load_gate.wait_reached()
+        await _until(lambda: _waiting(c, "lazy", 10), "ten requests waiting for the one load")
+        assert (await c.get("/health")).status_code == 200  # the loop is free meanwhile
+        load_gate.opened.set()
+        answers = await asyncio.gather(*requests)
+        assert [r.json()["data"][0]["embedding"] for r in answers] == [[len(t)] * 13 for t in texts]
+        assert load_gate.count == 1
+        assert (await _states(c))["lazy"]["loads"] == 1
+
+
+async def _waiting(c: httpx.AsyncClient, name: str, n: int) -> bool:
+    return (await _states(c))[name]["waiting"] == n
+
+
+async def test_waiters_past_the_bound_get_503_with_retry_after(load_gate: Gate) -> None:
+    settings = _settings(_debug("eager"), _debug("lazy", load="lazy"), max_load_waiters=3)
+    async with app_client(settings) as c:
+        load_gate.count = 0
+        first = [asyncio.create_task(_embed(c, "lazy", "abc")) for _ in range(3)]
+        await _until(lambda: _waiting(c, "lazy", 3), "three waiters")
+        refused = await _embed(c, "lazy", "abc")
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "model_loading"
+        load_gate.opened.set()
+        assert [r.status_code for r in await asyncio.gather(*first)] == [200] * 3
+
+
+async def test_a_client_that_leaves_does_not_cancel_the_load(load_gate: Gate) -> None:
+    async with app_client(_settings(_debug("eager"), _debug("lazy", load="lazy"))) as c:
+        load_gate.count = 0
+        gone = asyncio.create_task(_embed(c, "lazy", "abc"))
+        await load_gate.wait_reached()
+        gone.cancel()
+        stayed = asyncio.create_task(_embed(c, "lazy", "abcd"))
+        await _until(lambda: _waiting(c, "lazy", 1), "the second request waiting")
+        load_gate.opened.set()
+        assert (await stayed).json()["data"][0]["embedding"] == [4.0] * 13
+        assert load_gate.count == 1
+
+
+async def test_keep_alive_unloads_an_idle_model_and_a_request_may_set_it() -> None:
+    short = _debug("brief", load="lazy", keep_alive="0.3s")
+    settings = _settings(_debug("eager"), short, _debug("kept", load="lazy"))
+    async with app_client(settings) as c:
+        assert (await _embed(c, "brief", "abc")).status_code == 200
+        brief = (await _states(c))["brief"]
+        assert brief["state"] == "loaded" and 0 < brief["idle_unload_in"] <= 0.3
+        await _until(lambda: _state_is(c, "brief", "unloaded"), "brief unloaded")
+        # a request's own keep_alive 0: unloaded right after it (Ollama's keep_alive)
+        assert (await _embed(c, "kept", "abc", keep_alive=0)).status_code == 200
+        await _until(lambda: _state_is(c, "kept", "unloaded"), "kept unloaded")
+        # without one the model's own setting (forever) holds again
+        assert (await _embed(c, "kept", "abc")).status_code == 200
+        kept = (await _states(c))["kept"]
+        assert kept["state"] == "loaded" and kept["idle_unload_in"] is None
+        r = await _embed(c, "kept", "abc", keep_alive="soon")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "keep_alive"
+
+
+async def _state_is(c: httpx.AsyncClient, name: str, state: str) -> bool:
+    return (await _states(c))[name]["state"] == state
+
+
+async def test_unload_waits_for_work_in_flight(batch_gate: Gate) -> None:
+    async with app_client(_settings(_debug("m"))) as c:
+        batch_gate.opened.clear()
+        batch_gate.reached.clear()
+        request = asyncio.create_task(_embed(c, "m", "abcde"))
+        await batch_gate.wait_reached()
+        unload = asyncio.create_task(c.post("/admin/models/m/unload", headers=ADMIN))
+        await _until(lambda: _state_is(c, "m", "unloading"), "unloading")
+        assert not request.done() and not unload.done()
+        batch_gate.opened.set()
+        assert (await request).json()["data"][0]["embedding"] == [5.0] * 13
+        done = await unload
+        assert done.status_code == 200 and done.json()["state"] == "unloaded"
+
+
+async def test_forced_unload_cancels_work_in_flight_with_503(batch_gate: Gate) -> None:
+    async with app_client(_settings(_debug("m"))) as c:
+        batch_gate.opened.clear()
+        batch_gate.reached.clear()
+        request = asyncio.create_task(_embed(c, "m", "abcde"))
+        await batch_gate.wait_reached()
+        unload = asyncio.create_task(c.post("/admin/models/m/unload?force=true", headers=ADMIN))
+        cut = await request  # answered at once, while the engine's batch still runs
+        assert cut.status_code == 503 and cut.json()["error"]["code"] == "model_unloaded"
+        assert cut.headers["retry-after"] == "1" and not unload.done()
+        batch_gate.opened.set()  # a forward pass cannot be interrupted: the unload waits it out
+        done = await unload
+        assert done.status_code == 200 and done.json()["state"] == "unloaded"
+        assert (await _embed(c, "m", "ab")).status_code == 200  # loads again
+
+
+async def test_a_model_larger_than_the_budget_is_a_400_naming_model(minilm_path: str) -> None:
+    big = ModelConfig(model=minilm_path, name="minilm", load="lazy")
+    async with app_client(_settings(_debug("eager"), big, memory_budget="10MiB")) as c:
+        r = await _embed(c, "minilm", "abc")
+        assert r.status_code == 400
+        error = r.json()["error"]
+        assert error["param"] == "model" and error["code"] == "model_too_large"
+        assert "10.0 MiB" in error["message"] and "minilm" in error["message"]
+        assert (await _states(c))["minilm"]["state"] == "unloaded"
+        assert (await _states(c))["minilm"]["file_bytes"] > 10 * 2**20
+
+
+async def test_admin_routes_need_the_admin_key_and_are_off_without_one() -> None:
+    async with app_client(_settings(_debug("m"), api_key=("user-key",))) as c:
+        user = {"Authorization": "Bearer user-key"}
+        assert (await c.get("/admin/models")).status_code == 401
+        assert (await c.get("/admin/models", headers=user)).status_code == 401  # not an API key
+        r = await c.post("/admin/models/nope/load", headers=ADMIN)
+        assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+        assert (await c.post("/admin/models/m/unload", headers=ADMIN)).json()["state"] == (
+            "unloaded"
+        )
+        loaded = await c.post("/admin/models/m/load", headers=ADMIN)
+        assert loaded.status_code == 200 and loaded.json()["state"] == "loaded"
+        assert loaded.json()["loads"] == 2
+    settings = Settings(models=(_debug("m"),), cache_bytes=0)
+    async with app_client(settings) as c:
+        r = await c.get("/admin/models", headers=ADMIN)
+        assert r.status_code == 404 and "--admin-key" in r.json()["error"]["message"]
+
+
+def test_more_eager_models_than_may_be_loaded_is_refused_at_start() -> None:
+    from openai_compat.app import create_app
+    from openai_compat.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="2 models load eagerly but --max-loaded-models is 1"):
+        create_app(_settings(_debug("a"), _debug("b"), max_loaded_models=1))
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    [("90s", 90.0), ("5m", 300.0), ("1h30m", 5400.0), ("500ms", 0.5), (-1, -1.0), ("0", 0.0)],
+)
+def test_keep_alive_durations(given: object, seconds: float) -> None:
+    assert _debug("m", keep_alive=given).keep_alive == seconds
+
+
+def test_sizes_and_bad_values() -> None:
+    assert Settings(memory_budget="6GiB").memory_budget == 6 * 2**30
+    assert Settings(memory_budget="512MB").memory_budget == 512_000_000
+    with pytest.raises(ValueError, match="memory_budget"):
+        Settings(memory_budget="lots")
+    with pytest.raises(ValueError, match="keep_alive"):
+        _debug("m", keep_alive="forever")
