@@ -46,6 +46,14 @@ def trim() -> None:
         libc.malloc_trim(0)
 
 
+def freeze_imports() -> None:
+    """Exclude everything alive now (the imported engine: torch, transformers) from garbage
+    collection, so that collecting an unloaded model's cycles (release) scans only what was
+    made since: milliseconds instead of a 300 ms pause of the event loop. Call it before any
+    model is loaded, or that model could never be freed."""
+    gc.freeze()
+
+
 def release() -> None:
     """After dropping a model: collect its cycles, empty torch's device caches, trim."""
     gc.collect()

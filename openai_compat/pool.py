@@ -77,14 +77,17 @@ class ModelPool:
             if slot.state == "unloading" and slot.unload_task is not None:
                 await self._wait(slot, asyncio.shield(slot.unload_task), deadline)
                 continue
-            if slot.state == "failed" and time.monotonic() - slot.failed_at < RETRY_FAILED_AFTER:
-                raise ServiceUnavailable(
-                    f"Model {name!r} failed to load: {slot.error}",
-                    code="model_load_failed",
-                    headers={"Retry-After": str(int(RETRY_FAILED_AFTER))},
-                )
-            task = slot.load_task if slot.state == "loading" else None
+            task = slot.load_task  # a load queued or under way: share it
             if task is None:
+                if (
+                    slot.state == "failed"
+                    and time.monotonic() - slot.failed_at < RETRY_FAILED_AFTER
+                ):
+                    raise ServiceUnavailable(
+                        f"Model {name!r} failed to load: {slot.error}",
+                        code="model_load_failed",
+                        headers={"Retry-After": str(int(RETRY_FAILED_AFTER))},
+                    )
                 task = self._start_load(slot)
             await self._wait(slot, asyncio.shield(task), deadline)
 
@@ -161,7 +164,7 @@ class ModelPool:
     # ------------------------------------------------------------ loading
 
     def _start_load(self, slot: Slot) -> asyncio.Task[Any]:
-        slot.state, slot.error = "loading", None
+        """Queue a load (state "loading" once it has the load lock and room)."""
         task = asyncio.create_task(self._load(slot), name=f"load-{slot.name}")
         task.add_done_callback(_retrieve)
         slot.load_task = task
@@ -174,13 +177,13 @@ class ModelPool:
             if slot.state == "unloading" and slot.unload_task is not None:
                 await asyncio.shield(slot.unload_task)
                 continue
-            task = slot.load_task if slot.state == "loading" else None
-            await asyncio.shield(task or self._start_load(slot))
+            await asyncio.shield(slot.load_task or self._start_load(slot))
 
     async def _load(self, slot: Slot) -> None:
         try:
             async with self._load_lock:
                 await self._make_room(slot)
+                slot.state, slot.error = "loading", None
                 memory.trim()
                 before = memory.rss()
                 started = time.perf_counter()
@@ -263,7 +266,7 @@ class ModelPool:
         """Unload `name` once its in-flight work is done (force: cancel that work). False if
         it was not loaded."""
         slot = self.slots[name]
-        if slot.state == "loading" and slot.load_task is not None:
+        if slot.load_task is not None:
             await asyncio.shield(slot.load_task)
         if slot.state == "unloading" and slot.unload_task is not None:
             if force:
@@ -296,6 +299,7 @@ class ModelPool:
             async with self._changed:
                 await self._changed.wait_for(lambda: slot.leases == 0)
             entry, slot.entry = slot.entry, None
+            collected = 0.0
             if entry is not None:
                 if self._on_unloaded is not None:
                     self._on_unloaded(entry)
@@ -303,9 +307,16 @@ class ModelPool:
                     await self._unloader(entry)
                 finally:
                     del entry
+                    started = time.perf_counter()
                     memory.release()
+                    collected = time.perf_counter() - started
             slot.unloads += 1
-            logger.info("model %r unloaded (rss now %s)", slot.name, memory.human(memory.rss()))
+            logger.info(
+                "model %r unloaded (memory released in %.0f ms; rss now %s)",
+                slot.name,
+                collected * 1000,
+                memory.human(memory.rss()),
+            )
         finally:
             slot.state, slot.unload_task, slot.holders = "unloaded", None, set()
             self._notify()
