@@ -7,6 +7,7 @@ With --batch-impact: live latency on ours alone vs while a Batch API job runs.
     python scripts/bench.py --full          # the full sweep (much longer)
     python scripts/bench.py --models debug --inputs 1,16 --concurrency 8,64 --duration 5
     python scripts/bench.py --batch-impact --models minilm --concurrency 4 --duration 20
+    python scripts/bench.py --model-pool --concurrency 4      # lazy loading's costs (#26)
 
 Fairness: the load generator (this process) is pinned to its own CPU(s) with
 sched_setaffinity (`--gen-cpus`, default the last CPU); every server and the in-process engine
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from benchkit.batch_impact import batch_impact
 from benchkit.inprocess import inprocess_worker
+from benchkit.model_pool import model_pool
 from benchkit.sweep import sweep
 from benchkit.systems import MODEL_SETTINGS, SERVER_CPUS
 
@@ -84,6 +86,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(first --models setting, first --concurrency, 1 input per live request)",
     )
     p.add_argument("--batch-lines", type=int, default=3000, help="lines of that job")
+    p.add_argument(
+        "--model-pool",
+        action="store_true",
+        help="instead: lazy loading's costs (cold lazy vs eager first answer, live p99 while "
+        "another model loads, RSS over 20 load/unload cycles; first --concurrency)",
+    )
     p.add_argument("--inprocess-worker", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     full = a.full
@@ -125,9 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="bench-"))
-    asyncio.run(
-        batch_impact(args, out_dir, workdir) if args.batch_impact else sweep(args, out_dir, workdir)
-    )
+    if args.model_pool:
+        asyncio.run(model_pool(args, out_dir, workdir))
+    elif args.batch_impact:
+        asyncio.run(batch_impact(args, out_dir, workdir))
+    else:
+        asyncio.run(sweep(args, out_dir, workdir))
     return 0
 
 
