@@ -185,3 +185,35 @@ def test_backends_refuse_what_they_cannot_run(
     )
     assert done.returncode == 2
     assert "quantize applies to engine = 'onnx' or 'openvino' only" in done.stderr
+
+
+async def test_exported_models_load_lazily_and_reload_from_the_cache(
+    export_dir: Path, downloaded: list[Path]
+) -> None:
+    """An ONNX and an OpenVINO model served lazily (docs/models.md): the first request loads
+    each from the export cache, an unload frees it, and loading again reuses the same export
+    files (nothing exported again) and answers the same vectors."""
+    from openai_compat.settings import ModelConfig, Settings
+    from tests.utils import app_client
+
+    admin = {"Authorization": "Bearer k"}
+    models = (
+        ModelConfig(model="builtin:all-MiniLM-L6-v2", name="torch", model_warmup=False),
+        *(
+            ModelConfig(model="builtin:all-MiniLM-L6-v2", name=n, engine=n, load="lazy")
+            for n in ("onnx", "openvino")
+        ),
+    )
+    mtimes = [f.stat().st_mtime_ns for f in downloaded]
+    settings = Settings(models=models, export_dir=export_dir, admin_key="k", cache_bytes=0)
+    async with app_client(settings) as c:
+        for name in ("onnx", "openvino"):
+            body = {"model": name, "input": SENTENCES[:3], "encoding_format": "float"}
+            first = (await c.post("/v1/embeddings", json=body)).json()["data"]
+            unloaded = await c.post(f"/admin/models/{name}/unload", headers=admin)
+            assert unloaded.json()["state"] == "unloaded"
+            again = (await c.post("/v1/embeddings", json=body)).json()["data"]
+            assert [d["embedding"] for d in again] == [d["embedding"] for d in first]
+            state = (await c.get("/admin/models", headers=admin)).json()["data"]
+            assert {m["id"]: m["loads"] for m in state}[name] == 2
+    assert [f.stat().st_mtime_ns for f in downloaded] == mtimes  # no export made again

@@ -188,6 +188,19 @@ async def test_waiters_past_the_bound_get_503_with_retry_after(load_gate: Gate) 
         assert [r.status_code for r in await asyncio.gather(*first)] == [200] * 3
 
 
+async def test_a_wait_past_the_timeout_is_a_503_and_the_load_goes_on(load_gate: Gate) -> None:
+    settings = _settings(_debug("eager"), _debug("lazy", load="lazy"), load_wait_timeout=0.2)
+    async with app_client(settings) as c:
+        load_gate.count = 0
+        late = await _embed(c, "lazy", "abc")  # the gate stays shut past its 0.2 s
+        assert late.status_code == 503 and late.headers["retry-after"] == "5"
+        assert late.json()["error"]["code"] == "model_loading"
+        load_gate.opened.set()
+        await _until(lambda: _state_is(c, "lazy", "loaded"), "the load finished anyway")
+        assert (await _embed(c, "lazy", "abcd")).json()["data"][0]["embedding"] == [4.0] * 13
+        assert load_gate.count == 1
+
+
 async def test_a_client_that_leaves_does_not_cancel_the_load(load_gate: Gate) -> None:
     async with app_client(_settings(_debug("eager"), _debug("lazy", load="lazy"))) as c:
         load_gate.count = 0
