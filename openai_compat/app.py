@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
-from openai_compat import __version__, logs, memory
+from openai_compat import __version__, cpus, logs, memory
 from openai_compat.api import admin, docs, playground, probes, shared, vllm
 from openai_compat.api.cohere import embed as cohere_embed
 from openai_compat.api.cohere import rerank
@@ -47,6 +47,10 @@ async def _load(registry: Registry, lifecycle: Lifecycle, settings: Settings) ->
         # Import the engine (torch: seconds) off the event loop, then undo its logging setup.
         await in_daemon_thread(importlib.import_module, "infinity_emb", name="import")
         logs.reclaim_root()
+        count, source = cpus.available()
+        cpus.apply_to_torch(count)
+        lifecycle.cpus = cpus.report(count, source)
+        logger.info("CPUs: %s", lifecycle.cpus)
         memory.freeze_imports()  # before any model: unloads collect only what came after
         await registry.pool.loader.prepare()  # shared by all models, measured with none
         for config in registry.configs:

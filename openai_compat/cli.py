@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from openai_compat import __version__, logs
+from openai_compat import __version__, cpus, logs
 from openai_compat.config import build_settings, cli_fields, env_name
 from openai_compat.settings import BACKENDS, ConfigError, Settings
 
@@ -99,6 +99,8 @@ def serve(settings: Settings) -> int:
     import importlib
     import threading
 
+    # Thread pools sized to the CPUs we may use (affinity, cgroup quota) before torch starts.
+    cpus.size_pools()
     # The engine's imports (torch, transformers: seconds) start now, beside the web stack's.
     threading.Thread(
         target=importlib.import_module,

@@ -59,6 +59,7 @@ class Lifecycle:
         self.inflight = 0  # API requests being served (probes excluded)
         # Set by whoever runs the server (the CLI) to stop it, e.g. when a model fails to load.
         self.on_fatal: Callable[[str], None] | None = None
+        self.cpus: dict[str, Any] | None = None  # CPUs and thread pools (cpus.report)
 
     def ready(self) -> None:
         if self.phase == "loading":

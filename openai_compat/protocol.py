@@ -259,6 +259,11 @@ class ReadyResponse(BaseModel):
         "the error), 'waiting_for_data_dir' while another process holds the data dir. Live "
         "traffic does not depend on it, so /ready stays 200."
     )
+    cpus: dict[str, Any] | None = Field(
+        None,
+        description="The CPUs this process may use (affinity, cgroup quota) and the thread "
+        "pools sized to them.",
+    )
 
 
 # ---------------------------------------------------------------- classify

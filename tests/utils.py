@@ -42,12 +42,14 @@ class RemoteServer:
         self,
         args: Sequence[str] = (),
         *,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         wait_ready: bool = True,
         timeout: float = 240.0,
         slow_engine: bool = False,
+        cpus: set[int] | None = None,
     ) -> None:
-        """`slow_engine`: run tests/slow_engine.py (engine timing set by the environment)."""
+        """`slow_engine`: run tests/slow_engine.py (engine timing set by the environment);
+        `cpus`: the CPUs the server may run on (its affinity)."""
         self.port = free_port()
         self.host = "127.0.0.1"
         self.url = f"http://{self.host}:{self.port}"
@@ -66,6 +68,7 @@ class RemoteServer:
             **({"OPENAI_COMPAT_CACHE_BYTES": "0"} if slow_engine else {}),
             **(env or {}),
         }
+        full_env = {k: v for k, v in full_env.items() if v is not None}  # None: unset it
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -83,6 +86,7 @@ class RemoteServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=ROOT,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
         if wait_ready:
             self.wait_ready(timeout)

@@ -44,9 +44,10 @@ async def ready(request: Request) -> Response:
             ServiceUnavailable(lifecycle.unavailable_message(), code=lifecycle.phase)
         )
     runner = request.app.state.batches.runner_status()
-    return orjson_response(
-        {"status": "ready", "models": registry.served_names(), "batch_runner": runner}
-    )
+    body = {"status": "ready", "models": registry.served_names(), "batch_runner": runner}
+    if lifecycle.cpus is not None:
+        body["cpus"] = lifecycle.cpus  # the CPUs we may use and the pools sized to them
+    return orjson_response(body)
 
 
 @router.get("/metrics", response_class=Response)

@@ -1,0 +1,54 @@
+"""Thread pools sized to the CPUs the process may use (cpus.py): the affinity mask, capped
+by a cgroup CPU quota; the operator's own settings win."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from openai_compat import cpus
+from tests.utils import RemoteServer
+
+
+def test_a_cgroup_v2_quota_caps_the_affinity(tmp_path: Path) -> None:
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert cpus.cgroup_quota(tmp_path) == 1.5
+    mine = len(os.sched_getaffinity(0))
+    want = (2, "cgroup quota 1.5") if mine > 2 else (mine, "affinity")  # rounded up
+    assert cpus.available(tmp_path) == want
+    (tmp_path / "cpu.max").write_text("50000 100000\n")
+    assert cpus.available(tmp_path) == (1, "cgroup quota 0.5")
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cpus.cgroup_quota(tmp_path) is None
+
+
+def test_a_cgroup_v1_quota(tmp_path: Path) -> None:
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpus.cgroup_quota(tmp_path) == 1.0
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cpus.cgroup_quota(tmp_path) is None
+    assert cpus.cgroup_quota(tmp_path / "none") is None
+
+
+def test_the_operators_variables_win() -> None:
+    env = {"OMP_NUM_THREADS": "7"}
+    count, _ = cpus.size_pools(env)
+    assert env["OMP_NUM_THREADS"] == "7" and env["RAYON_NUM_THREADS"] == str(count)
+    assert env["MKL_NUM_THREADS"] == str(count)
+
+
+@pytest.mark.slow
+def test_a_server_on_one_cpu_sizes_every_pool_to_one() -> None:
+    """Started with an affinity of one CPU (as `taskset -c 0`, or a pod's limit): /ready
+    reports one CPU, and torch's pools and the tokenizers' have one thread each."""
+    unset = dict.fromkeys(cpus.THREAD_VARIABLES)  # whatever this test process has: gone
+    with RemoteServer(env=unset, cpus={0}) as srv:
+        report = httpx.get(srv.url + "/ready").json()["cpus"]
+    assert report["available"] == 1 and report["source"] == "affinity"
+    assert report["torch_threads"] == 1 and report["torch_interop_threads"] == 1
+    assert report["tokenizer_threads"] == 1 and report["omp_num_threads"] == "1"
