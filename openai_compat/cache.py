@@ -7,12 +7,15 @@ and any cut; or the token ids of a TokenIds input): truncation, prompts and the 
 settings are all inside it, and dimensions, encodings and compact types are applied after
 the cache. The value is the engine's own vector object, so a hit answers bit for bit what the
 first computation did, with its token count (usage counts every input, hits included, as
-OpenAI bills them). One LRU shared by all models under a byte budget (--cache-bytes; 0 = off),
-per model opt-out (`cache = false`); sparse models and media inputs are never cached.
+OpenAI bills them). A text that another request is computing right now is not computed
+again: the later request waits for that answer (single flight). One LRU shared by all
+models under a byte budget (--cache-bytes; 0 = off), per model opt-out (`cache = false`);
+sparse models and media inputs are never cached.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
 from collections import OrderedDict
@@ -54,6 +57,8 @@ class EmbeddingCache:
     stats: dict[str, CacheStats] = field(default_factory=dict)
     _items: OrderedDict[tuple[str, bytes], tuple[Any, int]] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # (model, key) -> the answer a request is computing now (single flight, one event loop)
+    _flights: dict[tuple[str, bytes], asyncio.Future[Any]] = field(default_factory=dict)
 
     @staticmethod
     def key(text: str) -> bytes:
@@ -105,30 +110,47 @@ class EmbeddingCache:
         texts: Sequence[str],
         compute: Callable[[list[str]], Awaitable[tuple[list[Any], int]]],
     ) -> tuple[list[Any], int]:
-        """`compute`'s answer for `texts`, computing each distinct text not cached once.
-        The usage returned is the engine's measure (characters) over all the texts."""
+        """`compute`'s answer for `texts`, computing each distinct text not cached once: a
+        repeat inside the request, or a text another request is computing right now (it
+        waits for that answer: single flight). The usage returned is the engine's measure
+        (tokens where its vectors carry them, else characters) over all the texts."""
+        loop = asyncio.get_running_loop()
         out: list[Any] = [None] * len(texts)
-        todo: dict[bytes, list[int]] = {}  # key -> the positions that need it
+        todo: dict[bytes, list[int]] = {}  # key -> the positions this request computes
+        borrowed: dict[bytes, tuple[asyncio.Future[Any], list[int]]] = {}  # another's
         for i, text in enumerate(texts):
             key = self.key(text)
             if key in todo:  # a repeat inside this request: computed once
                 todo[key].append(i)
                 continue
+            if key in borrowed:
+                borrowed[key][1].append(i)
+                continue
             hit = self.get(model, key)
-            if hit is None:
-                todo[key] = [i]
-            else:
+            if hit is not None:
                 out[i] = hit
-        computed: list[int] = []  # the positions the engine answered this time
-        usage = 0
-        if todo:
-            firsts = [texts[positions[0]] for positions in todo.values()]
-            vectors, usage = await compute(firsts)
-            for (key, positions), vector in zip(todo.items(), vectors, strict=True):
-                self.put(model, key, vector)
-                computed.append(positions[0])
-                for i in positions:
-                    out[i] = vector
+                continue
+            flight = self._flights.get((model, key))
+            if flight is not None and flight.get_loop() is loop and not flight.done():
+                borrowed[key] = (flight, [i])
+            else:
+                todo[key] = [i]
+        computed: list[int] = []  # the positions the engine answered for this request
+        usage = await self._compute(model, texts, todo, out, computed, compute, loop)
+        retry: dict[bytes, list[int]] = {}
+        for key, (flight, positions) in borrowed.items():
+            try:
+                vector = await asyncio.shield(flight)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not flight.cancelled() or (task is not None and task.cancelling()):
+                    raise  # this request itself was cancelled
+                retry[key] = positions  # the one computing it failed or left: our turn
+                continue
+            for i in positions:
+                out[i] = vector
+        if retry:
+            usage += await self._compute(model, texts, retry, out, computed, compute, loop)
         # the rest in the unit the engine reported in: tokens where its vectors carry them
         # and its usage was their sum, else characters (infinity-emb's own measure)
         answered = [out[i] for i in computed]
@@ -142,3 +164,37 @@ class EmbeddingCache:
         else:
             usage += length_estimate([texts[i] for i in rest])
         return out, usage
+
+    async def _compute(
+        self,
+        model: str,
+        texts: Sequence[str],
+        todo: dict[bytes, list[int]],
+        out: list[Any],
+        computed: list[int],
+        compute: Callable[[list[str]], Awaitable[tuple[list[Any], int]]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> int:
+        """Compute `todo`'s texts once each, announcing them to concurrent requests."""
+        if not todo:
+            return 0
+        mine: dict[bytes, asyncio.Future[Any]] = {}
+        for key in todo:
+            if (model, key) not in self._flights:
+                mine[key] = self._flights[(model, key)] = loop.create_future()
+        try:
+            vectors, usage = await compute([texts[positions[0]] for positions in todo.values()])
+            for (key, positions), vector in zip(todo.items(), vectors, strict=True):
+                self.put(model, key, vector)
+                computed.append(positions[0])
+                for i in positions:
+                    out[i] = vector
+                if key in mine:
+                    mine[key].set_result(vector)
+        finally:
+            for key, flight in mine.items():
+                if not flight.done():
+                    flight.cancel()  # those waiting compute it themselves
+                if self._flights.get((model, key)) is flight:
+                    del self._flights[(model, key)]
+        return usage

@@ -118,3 +118,43 @@ def test_a_cached_row_owns_its_memory_and_keeps_its_token_count() -> None:
     plain = batch[2]  # a plain ndarray view (no attributes) is owned too
     cache.put("m", b"p", plain)
     assert cache.get("m", b"p").base is None
+
+
+async def test_concurrent_requests_share_one_computation_of_a_text() -> None:
+    """Single flight: a text that one request is computing is not computed again by another
+    request that arrives meanwhile; it waits for that answer. If the first request goes away,
+    the waiting one computes the text itself."""
+    import asyncio
+
+    cache = EmbeddingCache(max_bytes=10_000)
+    calls: list[list[str]] = []
+    release = asyncio.Event()
+
+    async def compute(texts: list[str]) -> tuple[list[Any], int]:
+        calls.append(texts)
+        await release.wait()
+        return [_vector(len(t)) for t in texts], sum(len(t) for t in texts)
+
+    first = asyncio.create_task(cache.embed("m", ["shared", "a"], compute))
+    await asyncio.sleep(0)  # the first request is computing
+    second = asyncio.create_task(cache.embed("m", ["b", "shared"], compute))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert calls == [["shared", "a"], ["b"]]  # "shared" is not computed twice
+    release.set()
+    (one, usage_one), (two, usage_two) = await asyncio.gather(first, second)
+    assert two[1] is one[0] and usage_one == 7 and usage_two == 7  # every input counted
+    # the first request leaves mid-computation: the waiting one computes the text itself
+    release.clear()
+    leaving = asyncio.create_task(cache.embed("m", ["again", "x"], compute))
+    await asyncio.sleep(0)
+    staying = asyncio.create_task(cache.embed("m", ["again"], compute))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    leaving.cancel()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    release.set()
+    (vectors, usage) = await staying
+    assert calls[-1] == ["again"] and vectors[0][0] == 5.0 and usage == 5
+    assert not cache._flights  # nothing left behind
