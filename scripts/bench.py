@@ -8,6 +8,7 @@ With --batch-impact: live latency on ours alone vs while a Batch API job runs.
     python scripts/bench.py --models debug --inputs 1,16 --concurrency 8,64 --duration 5
     python scripts/bench.py --batch-impact --models minilm --concurrency 4 --duration 20
     python scripts/bench.py --model-pool --concurrency 4      # lazy loading's costs (#26)
+    python scripts/bench.py --repeats 0.3 --inputs 16 --concurrency 32   # a corpus with repeats
 
 Fairness: the load generator (this process) is pinned to its own CPU(s) with
 sched_setaffinity (`--gen-cpus`, default the last CPU); every server and the in-process engine
@@ -35,6 +36,7 @@ from pathlib import Path
 from benchkit.batch_impact import batch_impact
 from benchkit.inprocess import inprocess_worker
 from benchkit.model_pool import model_pool
+from benchkit.repeats import repeats
 from benchkit.sweep import sweep
 from benchkit.systems import MODEL_SETTINGS, SERVER_CPUS
 
@@ -87,6 +89,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--batch-lines", type=int, default=3000, help="lines of that job")
     p.add_argument(
+        "--neighbour",
+        action="store_true",
+        help="a noisy neighbour: a busy process on the server CPUs for the whole sweep",
+    )
+    p.add_argument(
+        "--repeats",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="instead: a corpus where FRACTION of the texts repeat earlier ones, ours with the "
+        "exact cache on and off vs in-process (MiniLM, first --inputs and --concurrency)",
+    )
+    p.add_argument(
         "--model-pool",
         action="store_true",
         help="instead: lazy loading's costs (cold lazy vs eager first answer, live p99 while "
@@ -133,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="bench-"))
-    if args.model_pool:
+    if args.repeats is not None:
+        asyncio.run(repeats(args, out_dir, workdir))
+    elif args.model_pool:
         asyncio.run(model_pool(args, out_dir, workdir))
     elif args.batch_impact:
         asyncio.run(batch_impact(args, out_dir, workdir))

@@ -50,6 +50,15 @@ async def inprocess_worker(setting: str) -> None:
     print(json.dumps({"ready": True}), file=proto, flush=True)
     for line in sys.stdin:
         job = json.loads(line)
+        if "stream" in job:  # --repeats: a stream of distinct requests (benchkit/repeats.py)
+            from benchkit.repeats import drive_stream, stream
+
+            requests = stream(*job["stream"])
+            answer = await drive_stream(
+                None, engine, requests, job["served"], job["concurrency"], job["duration"]
+            )
+            print(json.dumps(answer), file=proto, flush=True)
+            continue
         sc = Scenario(**job["scenario"])
         texts = sentences(sc.inputs, job["seed"])
         ok, err, secs, lat = await drive_inprocess(

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -20,6 +21,7 @@ from benchkit.systems import (
     BACKEND_SETTINGS,
     MODEL_SETTINGS,
     Server,
+    pin_to_server_cpus,
     rss_kib,
     start_infinity,
     start_ours,
@@ -58,10 +60,36 @@ async def cold_starts(args: argparse.Namespace, workdir: Path) -> dict[str, list
 
 async def sweep(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[str, Any]:
     scenarios = plan(args)
-    results: list[Result] = []
     started_at = time.time()
-    total_runs = 0
     cold = await cold_starts(args, workdir) if args.cold_start else {}
+    neighbour = start_neighbour() if args.neighbour else None
+    try:
+        return await _sweep(args, out_dir, workdir, scenarios, cold, started_at)
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait(10)
+
+
+def start_neighbour() -> subprocess.Popen[bytes]:
+    """A noisy neighbour: one process spinning on the server CPUs (as another tenant's job on
+    a shared machine), the same for every system measured."""
+    print("[bench] noisy neighbour: a busy process on the server CPUs", file=sys.stderr)
+    return subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"], preexec_fn=pin_to_server_cpus
+    )
+
+
+async def _sweep(
+    args: argparse.Namespace,
+    out_dir: Path,
+    workdir: Path,
+    scenarios: list[Any],
+    cold: dict[str, list[float]],
+    started_at: float,
+) -> dict[str, Any]:
+    results: list[Result] = []
+    total_runs = 0
     for setting in args.models:
         served = MODEL_SETTINGS[setting][0]
         servers: dict[str, Server] = {}
@@ -165,6 +193,7 @@ async def sweep(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[
         "started_at": started_at,
         "seconds": round(time.time() - started_at, 1),
         "load_generator": "asyncio + aiohttp in the bench process, pinned to its own CPUs",
+        "noisy_neighbour": bool(args.neighbour),
         "summary": rows,
         "cold_start_seconds": cold,
         "runs": [r.summary() for r in results],
