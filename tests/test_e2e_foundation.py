@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import httpx
@@ -120,7 +121,12 @@ def test_health_and_ready_while_loading_then_ready() -> None:
                 time.sleep(0.05)
                 continue
             assert ready.status_code == 200
-            assert ready.json() == {
+            body = ready.json()
+            cpus = body.pop("cpus")  # the CPUs it may use and its pools (tests/test_cpus.py)
+            assert cpus["available"] >= 1
+            if "OMP_NUM_THREADS" not in os.environ:  # else the operator's choice stands
+                assert cpus["torch_threads"] == cpus["available"]
+            assert body == {
                 "status": "ready",
                 "models": ["all-MiniLM-L6-v2"],
                 # no Batch API use yet
