@@ -43,6 +43,30 @@ class BadRequest(APIError):
     type = "invalid_request_error"
 
 
+class InputTooLong(BadRequest):
+    """A text past the model's limit, named by the client's own field; a route may give its
+    own remedy (`advising`), as /v1/embeddings names its long_input choices."""
+
+    def __init__(
+        self,
+        name: tuple[str, str],
+        tokens: int,
+        limit: int,
+        remedy: str = "let the server truncate.",
+    ) -> None:
+        param, label = name
+        super().__init__(
+            f"{label}: {tokens} tokens, more than the {limit} this model takes. Shorten it, or "
+            f"{remedy}",
+            param=param,
+            code="input_too_long",
+        )
+        self.name, self.tokens, self.limit = name, tokens, limit
+
+    def advising(self, remedy: str) -> InputTooLong:
+        return InputTooLong(self.name, self.tokens, self.limit, remedy)
+
+
 class Unauthorized(APIError):
     status = 401
     type = "invalid_request_error"

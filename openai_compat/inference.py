@@ -17,12 +17,12 @@ import numpy as np
 from openai_compat.encoding import as_matrix
 from openai_compat.engine import adapter
 from openai_compat.engine.usage import TokenIds
-from openai_compat.errors import BadRequest
+from openai_compat.errors import BadRequest, InputTooLong
 from openai_compat.media import IMAGE_META, MediaError, MediaFetcher, Modality
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
 from openai_compat.sparse import check_finite as check_sparse_finite
-from openai_compat.tokens import Names, input_names, too_long_error
+from openai_compat.tokens import Names, input_names
 
 # Token ids beyond this many per request are decoded in a worker thread, off the event loop.
 _INLINE_IDS = 8192
@@ -181,7 +181,7 @@ async def _embed_ids(
         for i, t in enumerate(inputs):
             if len(t.ids) > limit:
                 if not truncate:
-                    raise too_long_error(names(i), len(t.ids), limit)
+                    raise InputTooLong(names(i), len(t.ids), limit)
                 inputs[i] = TokenIds(t, t.ids[:limit])
     with entry.admit(len(inputs), settings.max_queued_inputs), engine_errors():
         vectors, _ = await entry.embed(list(inputs))

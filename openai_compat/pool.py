@@ -51,13 +51,12 @@ class ModelPool:
         max_waiters: int = 256,
         wait_timeout: float = 120.0,
         on_loaded: Callable[[ModelEntry], None] | None = None,
-        on_unloaded: Callable[[ModelEntry], None] | None = None,
     ) -> None:
         self.slots = {c.served_name: Slot(c) for c in configs}
         self.loader, self._unloader = loader, unloader
         self.max_loaded, self.budget = max_loaded, budget
         self.max_waiters, self.wait_timeout = max_waiters, wait_timeout
-        self._on_loaded, self._on_unloaded = on_loaded, on_unloaded
+        self._on_loaded = on_loaded
         self._load_lock = asyncio.Lock()
         self._changed = asyncio.Condition()  # a lease released, a model unloaded
         self._version = 0  # bumped by every such change (no wake-up is lost)
@@ -83,11 +82,7 @@ class ModelPool:
                     slot.state == "failed"
                     and time.monotonic() - slot.failed_at < RETRY_FAILED_AFTER
                 ):
-                    raise ServiceUnavailable(
-                        f"Model {name!r} failed to load: {slot.error}",
-                        code="model_load_failed",
-                        headers={"Retry-After": str(int(RETRY_FAILED_AFTER))},
-                    )
+                    raise _load_failed(slot)
                 task = self._start_load(slot)
             await self._wait(slot, asyncio.shield(task), deadline)
 
@@ -110,19 +105,23 @@ class ModelPool:
                 code="model_loading",
                 headers={"Retry-After": "5"},
             ) from None
+        except Exception as exc:  # the shared load broke: the same 503 for every waiter
+            if isinstance(exc, APIError) or slot.state != "failed":
+                raise
+            raise _load_failed(slot) from exc
         finally:
             slot.waiters -= 1
 
     def _lease(self, slot: Slot) -> ModelEntry:
         assert slot.entry is not None
-        held = REQUEST_LEASES.get()
-        if held is not None and not any(lease.slot is slot for lease in held):
+        hold = REQUEST_LEASES.get()
+        if hold is not None and not any(lease.slot is slot for lease in hold.leases):
             task = asyncio.current_task()
             lease = Lease(slot, task, self._release)
             slot.leases += 1
             if task is not None:
                 slot.holders.add(task)
-            held.append(lease)
+            hold.leases.append(lease)
         self._cancel_expiry(slot)
         slot.last_used = time.monotonic()
         return slot.entry
@@ -170,14 +169,20 @@ class ModelPool:
         slot.load_task = task
         return task
 
-    async def load(self, name: str) -> None:
-        """Load `name` now (eager start-up and the admin API); returns once it is loaded."""
+    async def load(self, name: str, *, for_client: bool = False) -> None:
+        """Load `name` now (eager start-up and the admin API); returns once it is loaded.
+        A failed load raises its error (start-up reports it), or for a client a 503."""
         slot = self.slots[name]
         while slot.state != "loaded":
             if slot.state == "unloading" and slot.unload_task is not None:
                 await asyncio.shield(slot.unload_task)
                 continue
-            await asyncio.shield(slot.load_task or self._start_load(slot))
+            try:
+                await asyncio.shield(slot.load_task or self._start_load(slot))
+            except Exception as exc:
+                if not for_client or isinstance(exc, APIError) or slot.state != "failed":
+                    raise
+                raise _load_failed(slot) from exc
 
     async def _load(self, slot: Slot) -> None:
         try:
@@ -301,8 +306,6 @@ class ModelPool:
             entry, slot.entry = slot.entry, None
             collected = 0.0
             if entry is not None:
-                if self._on_unloaded is not None:
-                    self._on_unloaded(entry)
                 try:
                     await self._unloader(entry)
                 finally:
@@ -371,6 +374,14 @@ class ModelPool:
 
     def loaded_count(self) -> int:
         return sum(1 for s in self.slots.values() if s.state in ("loaded", "unloading"))
+
+
+def _load_failed(slot: Slot) -> ServiceUnavailable:
+    return ServiceUnavailable(
+        f"Model {slot.name!r} failed to load: {slot.error}",
+        code="model_load_failed",
+        headers={"Retry-After": str(int(RETRY_FAILED_AFTER))},
+    )
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -148,6 +148,7 @@ class Registry:
     def __init__(self, configs: Sequence[ModelConfig]) -> None:
         check_unique_names(list(configs))
         self.configs = tuple(configs)
+        self._configs = {c.served_name: c for c in configs}
         self._entries: dict[str, ModelEntry] = {}  # served name -> loaded entry
         self._names: dict[str, str] = {}  # served name or alias -> served name
         for c in configs:
@@ -185,7 +186,7 @@ class Registry:
         served = self._names.get(name)
         if served is None:
             raise ModelNotFound(name, self.served_names())
-        return next(c for c in self.configs if c.served_name == served)
+        return self._configs[served]
 
     def loaded(self, name: str) -> ModelEntry | None:
         """The entry of a served name or alias if that model is loaded now (no lease)."""
@@ -259,9 +260,6 @@ class Registry:
             if able:
                 defaults.setdefault(capability, able[0].name)
         self._defaults = defaults
-
-    def default_name(self, capability: Capability) -> str | None:
-        return self._defaults.get(capability)
 
     async def default(self, capability: Capability, *, or_first: bool = False) -> ModelEntry:
         """The model for requests that name none (see choose_defaults); with `or_first`, the

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat.errors import BadRequest, ModelOutputError
+from openai_compat.errors import BadRequest, InputTooLong, ModelOutputError
 from openai_compat.inference import check_count, embed_texts, engine_errors, truncate_for
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
-from openai_compat.tokens import Names, field_names, too_long_error
+from openai_compat.tokens import Names, field_names
 
 # ---------------------------------------------------------------- rerank
 
@@ -174,7 +174,7 @@ async def _refuse_long_pairs(
     if too_long.size:
         i = int(too_long[0])
         full = await asyncio.to_thread(counter.pair_full_length, query, docs[i])
-        raise too_long_error((param, f"{param}[{i}]"), full, limit)
+        raise InputTooLong((param, f"{param}[{i}]"), full, limit)
 
 
 async def _cosine_rerank(

@@ -23,7 +23,7 @@ State = Literal["unloaded", "loading", "loaded", "unloading", "failed"]
 FORCED_UNLOAD = "openai_compat: model unloaded by an administrator"
 ModelEntry = Any  # registry.ModelEntry (registry imports this module)
 
-REQUEST_LEASES: contextvars.ContextVar[list[Lease] | None] = contextvars.ContextVar(
+REQUEST_LEASES: contextvars.ContextVar[RequestHold | None] = contextvars.ContextVar(
     "openai_compat_leases", default=None
 )
 
@@ -84,27 +84,36 @@ class Lease:
             self.on_release(self)
 
 
+@dataclass
+class RequestHold:
+    """One request's leases, and the keep_alive its body asked for (if any)."""
+
+    leases: list[Lease] = field(default_factory=list)
+    keep_alive: float | None = None
+
+
 @contextmanager
-def request_leases() -> Iterator[list[Lease]]:
-    """The leases taken by the code run inside (one request's handler): released on exit."""
-    held: list[Lease] = []
-    token = REQUEST_LEASES.set(held)
+def request_leases() -> Iterator[RequestHold]:
+    """The leases taken by the code run inside (one request's handler): released on exit,
+    each model's next idle spell set to the request's keep_alive where it gave one."""
+    hold = RequestHold()
+    token = REQUEST_LEASES.set(hold)
     try:
-        yield held
+        yield hold
     finally:
         REQUEST_LEASES.reset(token)
-        for lease in held:
+        for lease in hold.leases:
+            if hold.keep_alive is not None:
+                lease.slot.keep_alive_next = hold.keep_alive
             lease.release()
 
 
-def set_keep_alive(entry: ModelEntry, seconds: float | None) -> None:
-    """A request's own keep_alive (Ollama's): how long its model stays once idle after it."""
-    held = REQUEST_LEASES.get()
-    if seconds is None or not held:
-        return
-    for lease in held:
-        if lease.slot.entry is entry:
-            lease.slot.keep_alive_next = seconds
+def set_keep_alive(seconds: float | None) -> None:
+    """A request's own keep_alive (Ollama's): how long its models stay once idle after it
+    (read_body calls this for every body that declares the field)."""
+    hold = REQUEST_LEASES.get()
+    if seconds is not None and hold is not None:
+        hold.keep_alive = seconds
 
 
 def raise_if_unloaded(exc: BaseException) -> None:

@@ -8,7 +8,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from openai_compat.errors import BadRequest
+from openai_compat.errors import BadRequest, InputTooLong
 
 # Below this many characters tokenizing inline is cheaper than a hop to a worker thread; above
 # it, tokenizing on the event loop stalls it (the tokenizer releases the GIL and the loop then
@@ -265,7 +265,7 @@ class TokenCounter:
         if too_long.size and not truncate:
             i = int(too_long[0])
             full = await asyncio.to_thread(self.full_length, texts[i])
-            raise too_long_error(names(i), full, self.max_length)
+            raise InputTooLong(names(i), full, self.max_length)
         return int(np.minimum(lengths, self.max_length).sum()), cut
 
     async def usage(
@@ -315,7 +315,7 @@ class TokenCounter:
         if keep is None:
             i = int(over[0])
             full = await asyncio.to_thread(self.full_length, prompted[i])
-            raise too_long_error(names(i), full, limit)
+            raise InputTooLong(names(i), full, limit)
         used = len(self.encode(prompt, add_special_tokens=False).ids) if prompt else 0
         budget = max(limit - self.specials - used, 0)
 
@@ -385,13 +385,3 @@ class TokenCounter:
             return out
 
         return await asyncio.to_thread(cut)
-
-
-def too_long_error(name: tuple[str, str], tokens: int, limit: int) -> BadRequest:
-    param, label = name
-    return BadRequest(
-        f"{label}: {tokens} tokens, more than the {limit} this model takes. Shorten it, or "
-        "let the server truncate.",
-        param=param,
-        code="input_too_long",
-    )

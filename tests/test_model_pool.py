@@ -237,12 +237,18 @@ async def _state_is(c: httpx.AsyncClient, name: str, state: str) -> bool:
     return (await _states(c))[name]["state"] == state
 
 
+async def _held_in_the_engine(c: httpx.AsyncClient, gate: Gate) -> asyncio.Task[httpx.Response]:
+    """A request for "m" whose engine batch waits at the (now shut) gate."""
+    gate.opened.clear()
+    gate.reached.clear()
+    request = asyncio.create_task(_embed(c, "m", "abcde"))
+    await gate.wait_reached()
+    return request
+
+
 async def test_unload_waits_for_work_in_flight(batch_gate: Gate) -> None:
     async with app_client(_settings(_debug("m"))) as c:
-        batch_gate.opened.clear()
-        batch_gate.reached.clear()
-        request = asyncio.create_task(_embed(c, "m", "abcde"))
-        await batch_gate.wait_reached()
+        request = await _held_in_the_engine(c, batch_gate)
         unload = asyncio.create_task(c.post("/admin/models/m/unload", headers=ADMIN))
         await _until(lambda: _state_is(c, "m", "unloading"), "unloading")
         assert not request.done() and not unload.done()
@@ -254,10 +260,7 @@ async def test_unload_waits_for_work_in_flight(batch_gate: Gate) -> None:
 
 async def test_forced_unload_cancels_work_in_flight_with_503(batch_gate: Gate) -> None:
     async with app_client(_settings(_debug("m"))) as c:
-        batch_gate.opened.clear()
-        batch_gate.reached.clear()
-        request = asyncio.create_task(_embed(c, "m", "abcde"))
-        await batch_gate.wait_reached()
+        request = await _held_in_the_engine(c, batch_gate)
         unload = asyncio.create_task(c.post("/admin/models/m/unload?force=true", headers=ADMIN))
         cut = await request  # answered at once, while the engine's batch still runs
         assert cut.status_code == 503 and cut.json()["error"]["code"] == "model_unloaded"
@@ -322,3 +325,19 @@ def test_sizes_and_bad_values() -> None:
         Settings(memory_budget="lots")
     with pytest.raises(ValueError, match="keep_alive"):
         _debug("m", keep_alive="forever")
+
+
+async def test_a_lazy_model_that_cannot_load_is_a_503_naming_why(tmp_path: Any) -> None:
+    broken = ModelConfig(model=str(tmp_path / "missing"), name="broken", load="lazy")
+    async with app_client(_settings(_debug("eager"), broken)) as c:
+        first = await _embed(c, "broken", "abc")  # the request that started the load
+        again = await _embed(c, "broken", "abc")  # within the retry interval: not loaded again
+        admin = await c.post("/admin/models/broken/load", headers=ADMIN)
+        state = (await _states(c))["broken"]
+        assert (await _embed(c, "eager", "ab")).status_code == 200  # the others serve on
+    for r in (first, again):
+        assert r.status_code == 503 and r.headers["retry-after"] == "30"
+        assert r.json()["error"]["code"] == "model_load_failed"
+        assert "'broken'" in r.json()["error"]["message"]
+    assert admin.status_code == 503 and admin.json()["error"]["code"] == "model_load_failed"
+    assert state["state"] == "failed" and state["error"] and state["loads"] == 0

@@ -20,6 +20,7 @@ from openai_compat.lifecycle import Lifecycle
 from openai_compat.media import MediaFetcher
 from openai_compat.registry import Registry
 from openai_compat.settings import Settings
+from openai_compat.slots import set_keep_alive
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -50,6 +51,7 @@ async def read_body(request: Request, model: type[M] | Chooser) -> M:
     the 400 envelope. Big bodies are parsed off the event loop (see bodies.py)."""
     parser: BodyParser = request.app.state.bodies
     parsed: M = await parser.parse(await request.body(), model)
+    set_keep_alive(getattr(parsed, "keep_alive", None))  # bodies that declare the extension
     return parsed
 
 

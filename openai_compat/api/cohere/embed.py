@@ -119,7 +119,7 @@ def _inputs(body: EmbedRequestV1) -> _Inputs:
 async def _entry(registry: Registry, body: EmbedRequestV1, inputs: _Inputs) -> ModelEntry:
     entry = await registry.require(body.model, "embed" if inputs.texts else "image")
     if inputs.texts and inputs.images:
-        entry = await registry.require(body.model, "image")
+        registry.check(entry, body.model, "image")
     if entry.multivector:
         raise BadRequest(
             f"Model {entry.name!r} gives one vector per token; Cohere's embed response holds "

@@ -18,7 +18,6 @@ from openai_compat.api.cohere.protocol import (
 from openai_compat.api.request import body_openapi, note, read_body, ready_registry, settings_of
 from openai_compat.encoding import orjson_response
 from openai_compat.scoring import RerankResult, check_top_n, document_texts, rerank_texts
-from openai_compat.slots import set_keep_alive
 
 router = APIRouter(tags=["rerank"])
 
@@ -54,7 +53,6 @@ async def _rerank(request: Request, model: type[RerankRequest], version: str) ->
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, model)
     entry = await registry.require(body.model, "rerank")
-    set_keep_alive(entry, body.keep_alive)
     check_top_n(body.top_n)
     texts = document_texts(body.documents, body.rank_fields)
     result = await rerank_texts(

@@ -9,7 +9,6 @@ from openai_compat.api.request import body_openapi, note, read_body, ready_regis
 from openai_compat.encoding import orjson_response
 from openai_compat.protocol import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
 from openai_compat.scoring import ClassifyResult, classify_texts
-from openai_compat.slots import set_keep_alive
 
 router = APIRouter(tags=["classify"])
 
@@ -42,7 +41,6 @@ async def classify(request: Request) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, ClassifyRequest)
     entry = await registry.require(body.model, "classify")
-    set_keep_alive(entry, body.keep_alive)
     texts = [body.input] if isinstance(body.input, str) else body.input
     result = await classify_texts(entry, texts, settings, raw_scores=bool(body.raw_scores))
     note(request, entry.name, len(texts), result.tokens)

@@ -18,7 +18,7 @@ from openai_compat.api.request import (
 )
 from openai_compat.encoding import embedding_payload, orjson_response
 from openai_compat.engine.usage import TokenIds
-from openai_compat.errors import BadRequest
+from openai_compat.errors import BadRequest, InputTooLong
 from openai_compat.inference import (
     EmbedResult,
     check_dimensions,
@@ -31,7 +31,6 @@ from openai_compat.long_inputs import embed_late, embed_long, long_payload
 from openai_compat.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingResponse
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
-from openai_compat.slots import set_keep_alive
 from openai_compat.sparse import check_options, embedding_object
 from openai_compat.tokens import input_names
 
@@ -72,7 +71,6 @@ async def serve_embeddings(
     modality = body.modality or "text"
     capability = "embed" if modality == "text" else modality
     named = await registry.resolve(body.model)
-    set_keep_alive(named, body.keep_alive)
     if named.sparse and modality == "text":
         return await _sparse(request, body, named, dimensions, truncate_default)
     if body.top_k is not None or body.min_weight is not None or body.return_tokens:
@@ -83,7 +81,7 @@ async def serve_embeddings(
             param=param,
             code="unsupported_parameter",
         )
-    entry = await registry.require(body.model, capability)
+    entry = registry.check(named, body.model, capability)
     check_dimensions(dimensions, entry)
     result: EmbedResult
     if modality == "text":
@@ -115,10 +113,8 @@ async def serve_embeddings(
         truncate = _truncate(mode, entry, settings, truncate_default)
         try:
             result = await embed_texts(entry, texts, settings, prompt=prompt, truncate=truncate)
-        except BadRequest as e:
-            if e.code == "input_too_long":
-                e.message = e.args[0].replace("let the server truncate.", _LONG_HINT)
-            raise
+        except InputTooLong as exc:  # the remedies this route has
+            raise exc.advising(_LONG_HINT) from None
     else:
         items = [body.input] if isinstance(body.input, str) else body.input
         if not all(isinstance(i, str) for i in items):
