@@ -145,7 +145,7 @@ def download(settings: Settings) -> int:
     either."""
     from huggingface_hub import snapshot_download
 
-    from openai_compat.engine import backends
+    from openai_compat.engine import backends, fidelity
 
     failed = 0
     for model in settings.served_models():
@@ -160,6 +160,7 @@ def download(settings: Settings) -> int:
                 export = backends.prepare_for(model, settings.exports())
                 where = export.folder / export.file_name
                 print(f"{model.served_name}: {model.engine} export -> {where}")
+                print(f"{model.served_name}: {fidelity.describe(fidelity.read(export.folder))}")
         except Exception as exc:  # offline, unknown repo, no space...: one line, not a trace
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             print(

@@ -63,6 +63,15 @@ def size_pools(environ: Any = os.environ) -> tuple[int, str]:
     return count, source
 
 
+def engine_threads() -> int:
+    """Threads for a runtime we size by hand (ONNX Runtime, OpenVINO): OMP_NUM_THREADS when
+    set (size_pools sets it; the operator's value wins), else the CPUs we may use."""
+    try:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return available()[0]
+
+
 def apply_to_torch(count: int) -> None:
     """After torch is imported, before any model: its intra-op pool to `count` threads (it
     may have been sized before our variables, e.g. imported by the embedding app) and its

@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from openai_compat import cpus
 from openai_compat.compact import CALIBRATION_TEXTS, Quantizer
-from openai_compat.engine import adapter, backends, pooling, splade
+from openai_compat.engine import adapter, backends, fidelity, pooling, splade
 from openai_compat.engine.feeder import Feeder
 from openai_compat.lifecycle import in_daemon_thread
 from openai_compat.prompts import Prompts
@@ -112,7 +113,9 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
             raise ValueError(f"engine = {config.engine!r} cannot serve a sparse model")
         if config.engine in BACKENDS:
             export = backends.prepare_for(config, export_dir or default_export_dir())
-            adapter.use_transformer_module(replica, backends.load_module(export))
+            fidelity.report(config.served_name, export.folder)
+            module = backends.load_module(export, cpus.engine_threads())
+            adapter.use_transformer_module(replica, module)
         if sparse:
             splade.serve_sparse(replica, config.source, config.trust_remote_code)
         adapter.apply_max_length(replica, config.max_length)

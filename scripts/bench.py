@@ -9,6 +9,7 @@ With --batch-impact: live latency on ours alone vs while a Batch API job runs.
     python scripts/bench.py --batch-impact --models minilm --concurrency 4 --duration 20
     python scripts/bench.py --model-pool --concurrency 4      # lazy loading's costs (#26)
     python scripts/bench.py --repeats 0.3 --inputs 16 --concurrency 32   # a corpus with repeats
+    python scripts/bench.py --grid --server-cpus 0    # every CPU backend x length x concurrency
 
 Fairness: the load generator (this process) is pinned to its own CPU(s) with
 sched_setaffinity (`--gen-cpus`, default the last CPU); every server and the in-process engine
@@ -34,6 +35,8 @@ import tempfile
 from pathlib import Path
 
 from benchkit.batch_impact import batch_impact
+from benchkit.grid import LABELS as GRID_SETTINGS
+from benchkit.grid import grid
 from benchkit.inprocess import inprocess_worker
 from benchkit.model_pool import model_pool
 from benchkit.repeats import repeats
@@ -107,9 +110,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="instead: lazy loading's costs (cold lazy vs eager first answer, live p99 while "
         "another model loads, RSS over 20 load/unload cycles; first --concurrency)",
     )
+    p.add_argument(
+        "--grid",
+        action="store_true",
+        help="instead: every CPU backend (torch, onnx, onnx int8, openvino, openvino int8) x "
+        "--lengths x --concurrency, 1 text per request, with cosine to torch",
+    )
+    p.add_argument("--lengths", default="16,128,256", help="tokens per text (--grid)")
     p.add_argument("--inprocess-worker", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     full = a.full
+    if a.grid:
+        a.models = a.models or ",".join(GRID_SETTINGS)
+        a.inputs = a.inputs or "1"
+        a.concurrency = a.concurrency or "1,4,16,64"
+    a.lengths = [int(x) for x in a.lengths.split(",")]
     a.models = (a.models or "debug,minilm").split(",")
     a.systems = a.systems.split(",")
     a.inputs = [int(x) for x in (a.inputs or ("1,16,256" if full else "1,16")).split(",")]
@@ -150,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-"))
     if args.repeats is not None:
         asyncio.run(repeats(args, out_dir, workdir))
+    elif args.grid:
+        asyncio.run(grid(args, out_dir, workdir))
     elif args.model_pool:
         asyncio.run(model_pool(args, out_dir, workdir))
     elif args.batch_impact:

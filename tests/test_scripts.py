@@ -143,3 +143,55 @@ def test_bench_batch_impact_runs_every_mode_and_reports_ratios(tmp_path: Path) -
         ]
     )
     assert "job with no live traffic:" in out.stdout
+
+
+def test_bench_grid_runs_every_backend_and_length_with_accuracy(tmp_path: Path) -> None:
+    """--grid (tiny counts, torch and ONNX int8): every length x concurrency per backend,
+    ratios to torch from the same rounds, and the served vectors' cosine to torch."""
+    import json
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench.py"),
+            "--grid",
+            "--models",
+            "minilm-int8",
+            "--lengths",
+            "16,128",
+            "--concurrency",
+            "1,4",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0.2",
+            "--rounds",
+            "2",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads((tmp_path / "grid.json").read_text())
+    rows = {(r["backend"], r["tokens"], r["concurrency"]): r for r in report["summary"]}
+    assert set(rows) == {
+        (b, t, c) for b in ("torch", "onnx-int8") for t in (16, 128) for c in (1, 4)
+    }
+    for (backend, _, _), row in rows.items():
+        assert row["errors"] == 0 and row["inputs_per_s"] > 0
+        assert row["inputs_per_s_min"] <= row["inputs_per_s"] <= row["inputs_per_s_max"]
+        if backend == "torch":
+            assert row["vs_torch_min"] == row["vs_torch_max"] == 1.0
+    acc = report["accuracy_vs_torch"]
+    assert min(acc["torch"].values()) == pytest.approx(1.0, abs=1e-6)
+    assert 0.98 <= min(acc["onnx-int8"].values()) < 0.99999  # int8: close, not identical
+    assert (
+        15 <= report["tokens_per_text"]["16"] <= 17
+        and 126 <= report["tokens_per_text"]["128"] <= 130
+    )
+    assert "onnx-int8" in out.stdout and "vs torch" in out.stdout
+    assert (tmp_path / "grid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

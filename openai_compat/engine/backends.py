@@ -4,10 +4,16 @@ infinity-emb's own `optimum` engine cannot export (it needs a `.onnx` file alrea
 model folder) and breaks with the pinned torch, so exports go through sentence-transformers'
 `backend="onnx"` / `backend="openvino"` (optimum's and optimum-intel's exporters) and are
 cached on disk:
-- onnx: optimised (fp32, ORT level O3) or dynamically quantised to int8 for this CPU;
+- onnx: optimised (fp32, ORT level O3) or dynamically quantised to int8 (weights per channel);
 - openvino: the IR as exported (fp32), or statically quantised to int8 by NNCF, calibrated
-  on the same fixed text set that calibrates the int8 embedding types (compact.py), so an
-  export never needs a dataset download.
+  on the fixed text set that calibrates the int8 embedding types (compact.py) plus long,
+  repetitive and non-English texts, so an export never needs a dataset download.
+In both int8 recipes the transformer's output projections (the feed-forward block's second
+layer; OpenVINO's attention output too) stay fp32: their activations carry the outliers that
+an 8-bit scale cannot hold, which is what cost accuracy on long and non-English inputs
+(cosine 0.85-0.97 to torch before, >= 0.98 after, at nearly the same speed: issue #29).
+Every export's fidelity to the torch model is measured once when it is made
+(engine/fidelity.py) and reported at each start.
 The served model is infinity-emb's torch embedder, for its dynamic batching, with its
 transformer module swapped for the exported one (engine/adapter.py); tokenisation, pooling
 and normalisation stay sentence-transformers'.
@@ -39,6 +45,21 @@ Backend = Literal["onnx", "openvino"]
 OPTIMIZATION = "O3"  # ORT graph fusions incl. fast GELU; cosine to torch 1.0000 on MiniLM
 OPENVINO_FP32 = "openvino_model.xml"  # what sentence-transformers' save_pretrained writes
 OPENVINO_INT8 = "openvino_model_qint8_quantized.xml"  # sentence-transformers' naming
+# Part of every cache key: a changed export recipe makes its exports anew.
+RECIPE = "2: int8 output projections fp32, wide calibration, fidelity measured"
+# Calibration beyond compact.CALIBRATION_TEXTS' short sentences (none of them is one of
+# fidelity.PROBES, which measure the result): the extremes activations reach.
+CALIBRATION_EXTRA = (
+    " ".join(["item"] * 200),
+    "The committee met on Tuesday to review the budget for the coming year, discussed "
+    "maintenance costs, staff salaries and the new library wing, and postponed the vote. " * 10,
+    "a",
+    "서울은 대한민국의 수도이며 가장 큰 도시입니다.",
+    "القاهرة هي عاصمة مصر وأكبر مدنها.",
+    "नई दिल्ली भारत की राजधानी है।",
+    "Київ є столицею та найбільшим містом України.",
+    "Il treno per Milano parte alle otto e mezza dal binario tre.",
+)
 
 
 @dataclass(frozen=True)
@@ -69,7 +90,7 @@ def quantization_target() -> str:
 
 
 def _key(source: str, revision: str | None, backend: str, quantize: str | None) -> str:
-    parts = [source, revision or "", backend, quantize or OPTIMIZATION]
+    parts = [source, revision or "", backend, quantize or OPTIMIZATION, RECIPE]
     config = Path(source, "config.json")
     if config.is_file():  # a local folder: a changed model gets a new export
         parts.append(hashlib.sha256(config.read_bytes()).hexdigest())
@@ -124,6 +145,9 @@ def prepare(
             _export_openvino(source, revision, quantize, tmp)
         else:
             _export_onnx(source, revision, quantize, tmp)
+        made = _find(tmp, kind, quantize)
+        if made is not None:
+            _measure_fidelity(source, revision, Export(tmp, made, kind), quantize)
         try:
             tmp.rename(folder)
         except OSError:  # another process finished the same export first
@@ -137,18 +161,42 @@ def prepare(
 
 
 def _export_onnx(source: str, revision: str | None, quantize: str | None, tmp: Path) -> None:
-    from sentence_transformers import (
-        SentenceTransformer,
-        export_dynamic_quantized_onnx_model,
-        export_optimized_onnx_model,
-    )
+    from sentence_transformers import SentenceTransformer, export_optimized_onnx_model
 
     model = SentenceTransformer(source, backend="onnx", device="cpu", revision=revision)
     model.save_pretrained(str(tmp))
     if quantize:
-        export_dynamic_quantized_onnx_model(model, quantization_target(), str(tmp))
+        _quantize_onnx(tmp / "onnx", quantization_target())
     else:
         export_optimized_onnx_model(model, OPTIMIZATION, str(tmp))
+
+
+def _is_ffn_output(node: str) -> bool:
+    """The feed-forward block's second projection in the exporters' node names (BERT, RoBERTa,
+    XLM-R, MPNet: `layer.N/output/dense`; DistilBERT `ffn/lin2`; others `fc2`/`down_proj`)."""
+    name = node.replace(".", "/")
+    ffn_output = "/output/dense/" in name and "/attention/" not in name
+    return ffn_output or any(p in name for p in ("/ffn/lin2/", "/fc2/", "/down_proj/"))
+
+
+def _quantize_onnx(onnx_dir: Path, target: str) -> None:
+    """Dynamic int8 of the MatMul weights (per channel) but the feed-forward outputs'. On
+    AVX2/AVX-512 without VNNI, weights use 7 bits (u8 x s8 products saturate otherwise)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    source = onnx_dir / "model.onnx"
+    graph = onnx.load(str(source), load_external_data=False).graph
+    keep = [n.name for n in graph.node if n.op_type == "MatMul" and _is_ffn_output(n.name)]
+    quantize_dynamic(
+        source,
+        onnx_dir / f"model_qint8_{target}.onnx",
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        reduce_range=target in ("avx2", "avx512"),
+        op_types_to_quantize=["MatMul"],
+        nodes_to_exclude=keep,
+    )
 
 
 def _export_openvino(source: str, revision: str | None, quantize: str | None, tmp: Path) -> None:
@@ -164,7 +212,7 @@ def _export_openvino(source: str, revision: str | None, quantize: str | None, tm
 def _quantize_openvino(module: Any, target: Path) -> None:
     """Static int8 (activations and weights) with NNCF's transformer preset (SmoothQuant, fast
     bias correction), calibrated on the fixed calibration texts one at a time, so each sees
-    its own length."""
+    its own length; the output projections stay fp32."""
     import nncf
     import openvino
 
@@ -173,7 +221,7 @@ def _quantize_openvino(module: Any, target: Path) -> None:
     graph = module.auto_model.model  # the openvino.Model inside optimum-intel's wrapper
     names = {port.get_any_name() for port in graph.inputs}
     items = []
-    for text in CALIBRATION_TEXTS:
+    for text in (*CALIBRATION_TEXTS, *CALIBRATION_EXTRA):
         encoded = module.tokenizer(
             [text],
             return_tensors="np",
@@ -186,6 +234,7 @@ def _quantize_openvino(module: Any, target: Path) -> None:
         nncf.Dataset(items),
         model_type=nncf.ModelType.TRANSFORMER,
         subset_size=len(items),
+        ignored_scope=nncf.IgnoredScope(patterns=[r".*\.output\.dense/.*"], validate=False),
     )
     openvino.save_model(quantized, str(target))
 
@@ -227,14 +276,57 @@ def prepare_for(config: ModelConfig, export_dir: Path) -> Export:
     )
 
 
-def load_module(export: Export) -> Any:
-    """The sentence-transformers transformer module running the exported graph."""
+def _measure_fidelity(
+    source: str, revision: str | None, export: Export, quantize: str | None
+) -> None:
+    """The new export against the torch model, kept beside it (engine/fidelity.py)."""
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(
-        str(export.folder),
-        backend=export.backend,
-        device="cpu",
-        model_kwargs={"file_name": export.file_name},
-    )
-    return model[0]
+    from openai_compat.engine import fidelity
+
+    reference = SentenceTransformer(source, device="cpu", revision=revision)
+    candidate = _sentence_transformer(export, threads=None)
+    result = fidelity.measure(reference, candidate, "int8" if quantize else "fp32")
+    fidelity.write(export.folder, result)
+    logger.info("export of %s: %s", source, fidelity.describe(result))
+
+
+def _sentence_transformer(export: Export, threads: int | None) -> Any:
+    from sentence_transformers import SentenceTransformer
+
+    kwargs: dict[str, Any] = {"file_name": export.file_name}
+    if threads is not None:
+        kwargs.update(runtime_options(export.backend, threads))
+    with _openvino_telemetry_declined():
+        return SentenceTransformer(
+            str(export.folder), backend=export.backend, device="cpu", model_kwargs=kwargs
+        )
+
+
+def runtime_options(backend: Backend, threads: int) -> dict[str, Any]:
+    """The runtime's thread pool sized to the CPUs the process may use (cpus.py): ONNX
+    Runtime and OpenVINO otherwise count the host's cores. ONNX Runtime's workers also stop
+    spinning between runs: a spinning pool takes the core the event loop, the tokenizer and
+    the next batch's preparation need (measured: docs/benchmarks.md)."""
+    if backend == "openvino":
+        return {
+            "ov_config": {
+                "INFERENCE_NUM_THREADS": str(threads),
+                "PERFORMANCE_HINT": "LATENCY",
+                "NUM_STREAMS": "1",
+            }
+        }
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return {"session_options": options}
+
+
+def load_module(export: Export, threads: int) -> Any:
+    """The sentence-transformers transformer module running the exported graph, on
+    `threads` threads."""
+    return _sentence_transformer(export, threads)[0]
