@@ -70,6 +70,22 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--ray-actors", type=int, default=1, help="model replicas (actors)")
     batch.add_argument("--ray-cpus-per-actor", type=float, default=1.0)
     batch.add_argument("--ray-gpus-per-actor", type=float, default=0.0)
+    serve.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="deploy on a Ray cluster with Ray Serve (ADDRESS, or RAY_ADDRESS, or a local "
+        "instance) and return once it runs: an ingress (this app) and one deployment per "
+        "model ([models.ray] in the config); run again to roll out a changed config",
+    )
+    serve.add_argument(
+        "--ray-proxy-location",
+        choices=("EveryNode", "HeadOnly"),
+        default="EveryNode",
+        help="where Ray Serve's HTTP proxies run (--host/--port on each)",
+    )
     for target in (serve, download, batch):
         _add_settings_flags(target)
     return parser
@@ -178,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     job_keys = (
         *("input", "output", "endpoint", "force"),
         *("ray", "ray_actors", "ray_cpus_per_actor", "ray_gpus_per_actor"),
+        "ray_proxy_location",
     )
     job = {k: vars(args).pop(k, None) for k in job_keys}
     values = {k: v for k, v in vars(args).items() if k != "command"}
@@ -218,4 +235,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 settings, Path(job["input"]), Path(job["output"]), job["endpoint"], job["force"]
             )
         )
+    if command == "serve" and job["ray"] is not None:
+        from openai_compat.ray_serve import launch
+
+        logs.configure(settings.log_level, settings.log_format)
+        sys.exit(launch.deploy(settings, job["ray"] or None, job["ray_proxy_location"]))
     sys.exit(download(settings) if command == "download" else serve(settings))

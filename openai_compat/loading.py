@@ -114,7 +114,7 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
         if config.engine in BACKENDS:
             export = backends.prepare_for(config, export_dir or default_export_dir())
             fidelity.report(config.served_name, export.folder)
-            module = backends.load_module(export, cpus.engine_threads())
+            module = backends.load_module(export, cpus.engine_threads(), config.dtype)
             adapter.use_transformer_module(replica, module)
         if sparse:
             splade.serve_sparse(replica, config.source, config.trust_remote_code)

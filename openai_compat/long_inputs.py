@@ -230,8 +230,10 @@ async def embed_late(
     limit = _check_model(entry)
     counter = entry.counter
     assert counter is not None
-    replica = adapter.replica_of(entry.engine)
-    mode = late.pooling_mode(replica)
+    # A model a Ray Serve deployment runs answers these itself (ray_serve/remote.py).
+    remote = getattr(entry.engine, "token_vectors", None)
+    replica = None if remote is not None else adapter.replica_of(entry.engine)
+    mode = entry.engine.pooling_mode if remote is not None else late.pooling_mode(replica)
     if mode != "mean":
         raise BadRequest(
             f"Late chunking averages token vectors, which matches only a mean-pooling model; "
@@ -280,7 +282,8 @@ async def embed_late(
             chosen = [(enc.offsets[r[0]][0] - shift, enc.offsets[r[-1]][1] - shift) for r in runs]
         all_spans.append(chosen)
     with entry.admit(len(texts), settings.max_queued_inputs):
-        outputs = await late.token_vectors(replica, [prompt + t for t in texts])
+        full = [prompt + t for t in texts]
+        outputs = await (remote(full) if remote is not None else late.token_vectors(replica, full))
     vectors, chunks = [], []
     for text_spans, enc, (tokens, sentence) in zip(all_spans, encodings, outputs, strict=True):
         vectors.append((sentence / max(float(np.linalg.norm(sentence)), 1e-12)).astype(np.float32))

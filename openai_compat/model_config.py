@@ -25,6 +25,33 @@ class ConfigError(ValueError):
     """The configuration cannot be used; the message says why and where."""
 
 
+class RayOptions(BaseModel):
+    """`[models.ray]`: the model's deployment under `openai-compat serve --ray` (Ray Serve's
+    own option names; ignored by the single-process server)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_replicas: int = Field(1, ge=1, description="Replicas when not autoscaling.")
+    autoscaling_config: dict[str, Any] | None = Field(
+        None,
+        description="Ray Serve's autoscaling: min_replicas, max_replicas, "
+        "target_ongoing_requests, upscale_delay_s, downscale_delay_s...",
+    )
+    ray_actor_options: dict[str, Any] = Field(
+        default_factory=lambda: {"num_cpus": 1},
+        description="Resources per replica: num_cpus, num_gpus, memory, resources.",
+    )
+    max_ongoing_requests: int | None = Field(
+        None,
+        ge=1,
+        description="Requests one replica takes at once (default 64 for a model, whose waves "
+        "batch them; 512 for the ingress).",
+    )
+    max_replicas_per_node: int | None = Field(
+        None, ge=1, description="Spread replicas: at most this many on one node."
+    )
+
+
 def builtin_model_path(name: str) -> str:
     """Folder of a model that ships inside a Python package (works offline)."""
     if name != DEFAULT_MODEL_NAME:
@@ -119,6 +146,11 @@ class ModelConfig(BaseModel):
         -1.0,
         description="How long the model stays loaded once idle: seconds or a duration ('90s', "
         "'5m', '1h30m'); -1 = forever, 0 = unloaded after each request.",
+    )
+    ray: RayOptions = Field(
+        default_factory=RayOptions,
+        description="Its Ray Serve deployment under serve --ray: replicas, autoscaling, "
+        "resources per replica.",
     )
 
     @field_validator("keep_alive", mode="before")

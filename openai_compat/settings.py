@@ -20,6 +20,7 @@ from openai_compat.model_config import (
     DEFAULT_MODEL_NAME,
     ConfigError,
     ModelConfig,
+    RayOptions,
     builtin_model_path,
     check_unique_names,
     default_served_name,
@@ -33,6 +34,7 @@ __all__ = [
     "DEFAULT_MODEL_NAME",
     "ConfigError",
     "ModelConfig",
+    "RayOptions",
     "Settings",
     "builtin_model_path",
     "check_unique_names",
@@ -216,6 +218,11 @@ class Settings(BaseModel):
         200 * 1024 * 1024, "Largest file POST /v1/files takes, in bytes (OpenAI's limit).", ge=1
     )
     models: tuple[ModelConfig, ...] = _opt((), "Models from the config file.", cli=False)
+    ray_ingress: RayOptions = _opt(
+        RayOptions(ray_actor_options={"num_cpus": 0.5}),
+        "serve --ray: the ingress deployment (our HTTP app): replicas, autoscaling, resources.",
+        cli=False,
+    )
 
     def data(self) -> Path:
         if self.data_dir is not None:

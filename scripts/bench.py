@@ -37,6 +37,7 @@ from pathlib import Path
 from benchkit.batch_impact import batch_impact
 from benchkit.grid import LABELS as GRID_SETTINGS
 from benchkit.grid import grid
+from benchkit.grid import render as grid_report
 from benchkit.inprocess import inprocess_worker
 from benchkit.model_pool import model_pool
 from benchkit.repeats import repeats
@@ -117,6 +118,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--lengths x --concurrency, 1 text per request, with cosine to torch",
     )
     p.add_argument("--lengths", default="16,128,256", help="tokens per text (--grid)")
+    p.add_argument(
+        "--grid-report", default=None, metavar="GRID_JSON", help="print a --grid run's table again"
+    )
     p.add_argument("--inprocess-worker", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     full = a.full
@@ -154,6 +158,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.grid_report:
+        grid_report(Path(args.grid_report))
+        return 0
     if args.inprocess_worker:
         asyncio.run(inprocess_worker(args.inprocess_worker))
         return 0

@@ -104,7 +104,14 @@ def test_onnx_runtime_threads_follow_our_cpus_and_do_not_spin() -> None:
     assert options.intra_op_num_threads == 3 and options.inter_op_num_threads == 1
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     ov = backends.runtime_options("openvino", 2)["ov_config"]
-    assert ov == {"INFERENCE_NUM_THREADS": "2", "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
+    assert ov == {
+        "INFERENCE_NUM_THREADS": "2",
+        "PERFORMANCE_HINT": "LATENCY",
+        "NUM_STREAMS": "1",
+        "INFERENCE_PRECISION_HINT": "f32",  # not the CPU plugin's bf16 where it has bf16
+    }
+    bf16 = backends.runtime_options("openvino", 2, "bfloat16")["ov_config"]
+    assert bf16["INFERENCE_PRECISION_HINT"] == "bf16"
 
 
 def test_engine_threads_take_the_operators_omp_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -135,6 +135,10 @@ EFFECTS: dict[str, tuple[str, str]] = {
         "tests/test_model_pool.py",
         "test_keep_alive_unloads_an_idle_model_and_a_request_may_set_it",
     ),
+    "ray": (  # num_replicas = 2 and max_replicas_per_node = 1: one replica on each node
+        "tests/test_e2e_ray_serve.py",
+        "test_a_models_replicas_land_on_both_nodes",
+    ),
 }
 
 

@@ -177,6 +177,12 @@ def id2label(replica: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in labels.items()}
 
 
+def labels_of(engine: Any) -> dict[str, str]:
+    """id2label of an engine here, or of one a Ray Serve deployment runs (its description)."""
+    remote = getattr(engine, "id2label", None)  # ray_serve.remote.RemoteEngine
+    return remote if isinstance(remote, dict) else id2label(replica_of(engine))
+
+
 def applied_max_length(replica: Any) -> int | None:
     """The token limit the engine really truncates each input to."""
     kind = kind_of(replica)

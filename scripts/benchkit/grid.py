@@ -139,7 +139,9 @@ async def grid(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[s
     finally:
         for srv in servers.values():
             srv.stop()
-    rows = table(results, acc, settings, args)
+    args_json = {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(args).items()}
+    runs = [r.summary() for r in results]
+    rows = table(runs, {LABELS[k]: v for k, v in acc.items()}, _meta(args_json))
     report = {
         "machine": {
             "platform": platform.platform(),
@@ -150,32 +152,35 @@ async def grid(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[s
             "generator_cpus": sorted(args.gen_cpus),
         },
         "versions": _versions(),
-        "args": {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(args).items()},
+        "args": args_json,
         "seconds": round(time.time() - started_at, 1),
         "accuracy_vs_torch": {LABELS[k]: v for k, v in acc.items()},
         "tokens_per_text": {n: mean_tokens(texts_of_length(n, 4, seed=0)) for n in args.lengths},
         "summary": rows,
-        "runs": [r.summary() for r in results],
+        "runs": runs,
     }
     (out_dir / "grid.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
-    plot(rows, args, out_dir / "grid.png")
+    plot(rows, len(args.server_cpus), out_dir / "grid.png")
     return report
 
 
+# A run with fewer completions than this in its window is flagged: its rate is coarse (one
+# request more or less moves it by 1/THIN) and its latency is mostly queueing.
+THIN = 50
+
+
 def table(
-    results: list[Result],
-    acc: dict[str, dict[str, float]],
-    settings: list[str],
-    args: argparse.Namespace,
+    runs: list[dict[str, Any]], acc: dict[str, dict[str, float]], meta: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """Per backend x length x concurrency: median inputs/s (spread), p50/p99, and the ratio
-    to torch from the same rounds."""
-    by: dict[tuple[str, str, int], list[Result]] = {}
-    for r in results:
-        by.setdefault((r.system, r.scenario.fmt, r.scenario.concurrency), []).append(r)
+    """Per backend x length x concurrency: median inputs/s (spread), p50/p99 (medians), and
+    the ratio to torch from the same rounds; from the runs' summaries (grid.json's `runs`)."""
+    by: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in runs:
+        by.setdefault((r["system"], r["fmt"], r["concurrency"]), []).append(r)
     print(
-        f"server CPUs {sorted(args.server_cpus)}, load generator CPUs {sorted(args.gen_cpus)}, "
-        f"{args.inputs[0]} text(s) per request, {args.rounds} rounds x {args.duration or 5.0} s"
+        f"server CPUs {meta['server_cpus']}, load generator CPUs {meta['generator_cpus']}, "
+        f"{meta['inputs']} text(s) per request, {meta['rounds']} rounds x {meta['duration']} s; "
+        f"* = fewer than {THIN} requests completed in a window"
     )
     header = (
         f"{'backend':<14} {'min cos':>8} {'tokens':>6} {'conc':>5} {'inputs/s':>9} "
@@ -184,16 +189,23 @@ def table(
     print(header)
     print("-" * len(header))
     rows = []
-    for setting in settings:
-        label = LABELS[setting]
-        for tokens in args.lengths:
-            for conc in args.concurrency:
+    labels = list(dict.fromkeys(r["system"] for r in runs))
+    lengths = sorted({int(r["fmt"][1:]) for r in runs})
+    concurrency = sorted({r["concurrency"] for r in runs})
+    for label in labels:
+        worst = min(acc[label].values())
+        for tokens in lengths:
+            for conc in concurrency:
                 rs = by[(label, f"t{tokens}", conc)]
                 ref = by[("torch", f"t{tokens}", conc)]
-                ips = [r.inputs_per_s for r in rs]
-                per_round = [a.rps / b.rps for a, b in zip(rs, ref, strict=True) if b.rps]
-                med = statistics.median(ips) / statistics.median(r.inputs_per_s for r in ref)
-                worst = min(acc[setting].values())
+                ips = [r["inputs_per_s"] for r in rs]
+                per_round = [
+                    a["inputs_per_s"] / b["inputs_per_s"]
+                    for a, b in zip(rs, ref, strict=True)
+                    if b["inputs_per_s"]
+                ]
+                med = statistics.median(ips) / statistics.median(r["inputs_per_s"] for r in ref)
+                thin = min(r["requests"] for r in rs) < THIN
                 row = {
                     "backend": label,
                     "min_cosine_vs_torch": worst,
@@ -202,12 +214,13 @@ def table(
                     "inputs_per_s": round(statistics.median(ips), 1),
                     "inputs_per_s_min": round(min(ips), 1),
                     "inputs_per_s_max": round(max(ips), 1),
-                    "p50_ms": round(statistics.median(r.pct(0.5) for r in rs), 1),
-                    "p99_ms": round(statistics.median(r.pct(0.99) for r in rs), 1),
+                    "p50_ms": round(statistics.median(r["p50_ms"] for r in rs), 1),
+                    "p99_ms": round(statistics.median(r["p99_ms"] for r in rs), 1),
                     "vs_torch": round(med, 3),
                     "vs_torch_min": round(min(per_round), 3),
                     "vs_torch_max": round(max(per_round), 3),
-                    "errors": sum(r.errors for r in rs),
+                    "errors": sum(r["errors"] for r in rs),
+                    "thin_window": thin,
                 }
                 rows.append(row)
                 spread = f"{row['inputs_per_s_min']:.1f}-{row['inputs_per_s_max']:.1f}"
@@ -216,20 +229,41 @@ def table(
                     f"{label:<14} {worst:>8.4f} {tokens:>6} {conc:>5} "
                     f"{row['inputs_per_s']:>9.1f} {spread:>15} {row['p50_ms']:>8.1f} "
                     f"{row['p99_ms']:>9.1f} {vs:>20}"
+                    + (" *" if thin else "")
                     + (f"  ERRORS {row['errors']}" if row["errors"] else "")
                 )
     return rows
 
 
-def plot(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> None:
+def render(path: Path) -> None:
+    """`bench.py --grid-report DIR/grid.json`: the table and the plot again, from the file."""
+    report = json.loads(path.read_text())
+    rows = table(report["runs"], report["accuracy_vs_torch"], _meta(report["args"]))
+    report["summary"] = rows
+    path.write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    plot(rows, len(report["args"]["server_cpus"]), path.with_suffix(".png"))
+
+
+def _meta(args: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "server_cpus": sorted(args["server_cpus"]),
+        "generator_cpus": sorted(args["gen_cpus"]),
+        "inputs": args["inputs"][0],
+        "rounds": args["rounds"],
+        "duration": args["duration"] or 5.0,
+    }
+
+
+def plot(rows: list[dict[str, Any]], server_cpus: int, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(args.lengths), figsize=(4.4 * len(args.lengths), 7.5))
-    axes = np.array(axes).reshape(2, len(args.lengths))
-    for col, tokens in enumerate(args.lengths):
+    lengths = sorted({r["tokens"] for r in rows})
+    fig, axes = plt.subplots(2, len(lengths), figsize=(4.4 * len(lengths), 7.5))
+    axes = np.array(axes).reshape(2, len(lengths))
+    for col, tokens in enumerate(lengths):
         top, bottom = axes[0][col], axes[1][col]
         for label in dict.fromkeys(r["backend"] for r in rows):
             pts = sorted(
@@ -239,7 +273,7 @@ def plot(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> No
             )
             top.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
             bottom.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=label)
-        top.set_title(f"~{tokens} tokens per text, server CPUs {len(args.server_cpus)}", fontsize=9)
+        top.set_title(f"{tokens} tokens per text, {server_cpus} server CPU(s)", fontsize=9)
         top.set_ylabel("inputs/s (median of rounds)")
         bottom.set_ylabel("p99 latency, ms")
         for ax in (top, bottom):

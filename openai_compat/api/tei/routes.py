@@ -250,7 +250,7 @@ async def info(request: Request) -> Response:
         model_type: dict[str, Any] = {"embedding": {"pooling": "mean"}}
     else:
         kind = "reranker" if "rerank" in entry.capabilities else "classifier"
-        id2label = adapter.id2label(adapter.replica_of(entry.engine))
+        id2label = adapter.labels_of(entry.engine)
         label2id = {label: int(i) for i, label in id2label.items() if i.isdigit()}
         model_type = {kind: {"id2label": id2label, "label2id": label2id}}
     return orjson_response(

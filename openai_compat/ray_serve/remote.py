@@ -1,0 +1,191 @@
+"""A model served by another process (a Ray Serve model deployment), seen as a local one.
+
+The ingress runs our whole app (every dialect, auth, limits, errors, the exact cache, the
+playground) on a registry whose entries look like local ones but whose engine is a
+`RemoteEngine`: each engine call is one DeploymentHandle call to the model deployment,
+where the real engine and its wave batching (engine/feeder.py) run, so batching sees all the
+traffic of a model replica. What the API layer needs to know about a model (capabilities,
+window, prompts, int8 ranges, its tokenizer for counting and truncating) comes once from the
+deployment's `describe()`; the tokenizer is rebuilt here from its JSON.
+
+Vectors cross the wire as plain arrays plus their token counts and norms (`pack`/`unpack`):
+numpy's pickling drops the attributes of TokenCountedArray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from openai_compat.engine.usage import TokenCountedArray
+from openai_compat.errors import ServiceUnavailable
+from openai_compat.registry import ModelEntry
+from openai_compat.sparse import SparseVector
+from openai_compat.tokens import Cl100kDecoder, ModelTokenIdDecoder, TokenCounter
+
+# Ray's errors that mean "this replica is gone or cannot take the call now": the request is
+# answered 503 with Retry-After (clients and SDKs retry), never a hang or a 500.
+_UNAVAILABLE = (
+    "ActorDiedError",
+    "ActorUnavailableError",
+    "RayActorError",
+    "BackPressureError",
+    "DeploymentUnavailableError",
+    "ObjectLostError",
+    "OwnerDiedError",
+    "WorkerCrashedError",
+    "NodeDiedError",
+)
+
+
+def pack(vectors: Sequence[Any]) -> dict[str, Any]:
+    """Embeddings -> a picklable dict keeping each one's token count and raw norm."""
+    if vectors and isinstance(vectors[0], SparseVector):
+        return {"sparse": [(v.indices, v.values, v.tokens) for v in vectors]}
+    return {
+        "arrays": [np.asarray(v) for v in vectors],
+        "tokens": [getattr(v, "tokens", None) for v in vectors],
+        "norms": [getattr(v, "norm", None) for v in vectors],
+    }
+
+
+def unpack(packed: dict[str, Any]) -> list[Any]:
+    if "sparse" in packed:
+        return [SparseVector(i, v, t) for i, v, t in packed["sparse"]]
+    out: list[Any] = []
+    for array, tokens, norm in zip(
+        packed["arrays"], packed["tokens"], packed["norms"], strict=True
+    ):
+        if tokens is None:
+            out.append(array)
+            continue
+        v = np.asarray(array).view(TokenCountedArray)
+        v.tokens, v.norm = tokens, norm
+        out.append(v)
+    return out
+
+
+@dataclass
+class Ranked:
+    """infinity-emb's rerank result, as the scoring code reads it."""
+
+    index: int
+    relevance_score: float
+
+
+class RemoteEngine:
+    """The engine calls the API layer makes, each forwarded to the model deployment."""
+
+    is_running = True  # replicas are Ray's to replace; see adapter.batcher_alive
+
+    def __init__(self, handle: Any, name: str, description: dict[str, Any]) -> None:
+        self.handle, self.name = handle, name
+        self.capabilities = set(description["native"])
+        self.id2label: dict[str, str] = description.get("id2label") or {}
+        self.pooling_mode: str | None = description.get("pooling_mode")
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        call: Callable[..., Awaitable[Any]] = getattr(self.handle, method).remote
+        try:
+            return await call(*args)
+        except Exception as exc:
+            if any(t.__name__ in _UNAVAILABLE for t in type(exc).__mro__):
+                raise ServiceUnavailable(
+                    f"Model {self.name!r}: its replica is unavailable ({type(exc).__name__}); "
+                    "retry shortly.",
+                    code="model_replica_unavailable",
+                    headers={"Retry-After": "1"},
+                ) from exc
+            raise
+
+    async def embed(self, sentences: Sequence[str]) -> tuple[list[Any], int]:
+        packed, usage = await self._call("embed", list(sentences))
+        return unpack(packed), usage
+
+    async def image_embed(self, *, images: Sequence[Any]) -> tuple[list[Any], int]:
+        packed, usage = await self._call("image_embed", list(images))
+        return unpack(packed), usage
+
+    async def audio_embed(self, *, audios: Sequence[Any]) -> tuple[list[Any], int]:
+        packed, usage = await self._call("audio_embed", list(audios))
+        return unpack(packed), usage
+
+    async def rerank(self, *, query: str, docs: Sequence[str]) -> tuple[list[Ranked], int]:
+        rows, usage = await self._call("rerank", query, list(docs))
+        return [Ranked(i, s) for i, s in rows], usage
+
+    async def classify(self, *, sentences: Sequence[Any]) -> tuple[list[Any], int]:
+        result: tuple[list[Any], int] = await self._call("classify", list(sentences))
+        return result
+
+    async def token_vectors(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        result: list[tuple[np.ndarray, np.ndarray]] = await self._call("token_vectors", texts)
+        return result
+
+    async def astop(self) -> None:
+        """The deployment owns the engine: nothing to stop here."""
+
+
+class RemoteLogits:
+    """adapter.LogitsRunner's interface (raw classification logits), on the deployment."""
+
+    def __init__(self, engine: RemoteEngine) -> None:
+        self.engine = engine
+
+    async def logits(self, texts: Sequence[Any]) -> list[list[dict[str, Any]]]:
+        result: list[list[dict[str, Any]]] = await self.engine._call("logits", list(texts))
+        return result
+
+    def close(self) -> None:
+        pass
+
+
+def remote_entry(
+    description: dict[str, Any], handle: Any, cl100k: Cl100kDecoder | None
+) -> ModelEntry:
+    """The ingress's entry for a model a deployment serves (see ModelServer.describe)."""
+    config = description["config"]
+    engine = RemoteEngine(handle, config.served_name, description)
+    counter: TokenCounter | None = None
+    decoder: Any = None
+    if description["tokenizer"] is not None:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_str(description["tokenizer"])
+        counter = TokenCounter(tokenizer, description["max_length"])
+        if config.token_ids == "model":
+            decoder = ModelTokenIdDecoder(tokenizer)
+    if config.token_ids == "cl100k_base":
+        decoder = cl100k
+    fields = {k: description[k] for k in ENTRY_FIELDS}
+    return ModelEntry(
+        config=config,
+        engine=engine,
+        capabilities=frozenset(description["capabilities"]),
+        counter=counter,
+        token_decoder=decoder,
+        logits=cast(Any, RemoteLogits(engine)) if description["logits"] else None,
+        **fields,
+    )
+
+
+# The ModelEntry fields a description carries as they are.
+ENTRY_FIELDS = (
+    "dimensions",
+    "max_length",
+    "multivector",
+    "engine_counts",
+    "raw_output",
+    "exact_token_ids",
+    "sparse",
+    "image_tokens",
+    "sampling_rate",
+    "cosine_rerank",
+    "prompts",
+    "quantizer",
+    "created",
+    "load_seconds",
+)

@@ -1,0 +1,447 @@
+"""`openai-compat serve --ray` on a real two-node Ray cluster on this machine (loopback only,
+token auth off, a temporary HOME, short temp dirs): the ingress and one deployment per model,
+driven through Ray Serve's HTTP proxy by the openai and cohere SDKs and plain HTTP; every
+answer equals the single-process server's; a model's replicas land on both nodes; nothing
+of Ray is left afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.utils import SERVER_ENV, RemoteServer, free_port, write_config
+
+pytestmark = pytest.mark.slow
+
+TEXTS = ["A man is eating food.", "The stock market crashed today.", "東京は日本の首都です。"]
+
+
+def _ray_pids(marker: str) -> set[int]:
+    """Live processes whose command line names this cluster's temp dirs (zombies excluded)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            found.add(int(proc.name))
+    return found
+
+
+class Cluster:
+    """A head and a worker node, 1 CPU each, on 127.0.0.1."""
+
+    def __init__(self) -> None:
+        self.root = tempfile.mkdtemp(prefix="rs-", dir="/tmp")  # socket paths stay short
+        self.home = Path(self.root, "home")
+        self.home.mkdir()
+        self.env = {
+            **os.environ,
+            **SERVER_ENV,
+            "HOME": str(self.home),
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_ADDRESS": "",
+        }
+        # Drivers (our CLI, the observer): Ray rewrites a 127.0.0.1 address, and the driver's
+        # own address, to the machine's interface address unless it thinks clusters are
+        # off, which keeps them on loopback (worker nodes refuse to start with it).
+        self.driver_env = {**self.env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self._start("h", ["--head", f"--port={self.port}", "--include-dashboard=false"])
+        self._start("w", [f"--address={self.address}"])
+
+    def _start(self, name: str, extra: list[str]) -> None:
+        ports = [free_port() for _ in range(5)]
+        cmd = [
+            str(Path(sys.executable).with_name("ray")),
+            "start",
+            *extra,
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=1",
+            f"--temp-dir={self.root}/{name}",
+            "--disable-usage-stats",
+            f"--node-manager-port={ports[0]}",
+            f"--object-manager-port={ports[1]}",
+            f"--dashboard-agent-listen-port={ports[2]}",
+            f"--dashboard-agent-grpc-port={ports[3]}",
+            f"--metrics-export-port={ports[4]}",
+            f"--runtime-env-agent-port={free_port()}",
+            f"--min-worker-port={20000 + 2000 * (name == 'w')}",
+            f"--max-worker-port={21999 + 2000 * (name == 'w')}",
+        ]
+        subprocess.run(cmd, env=self.env, check=True, capture_output=True, timeout=180)
+
+    def stop(self) -> None:
+        ray = str(Path(sys.executable).with_name("ray"))
+        subprocess.run([ray, "stop", "--force"], env=self.env, capture_output=True, timeout=120)
+        deadline = time.monotonic() + 30
+        while _ray_pids(self.root) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = _ray_pids(self.root)
+        shutil.rmtree(self.root, ignore_errors=True)
+        assert not left, f"Ray processes left behind: {sorted(left)}"
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory, trained_models: dict[str, Path]) -> Path:
+    models: list[dict[str, Any]] = [
+        {
+            "name": "minilm",
+            "model": "builtin:all-MiniLM-L6-v2",
+            "ray": {
+                "num_replicas": 2,
+                "max_replicas_per_node": 1,
+                "ray_actor_options": {"num_cpus": 0.4},
+            },
+        },
+        {
+            "name": "reranker",
+            "model": str(trained_models["reranker"]),
+            "ray": {"ray_actor_options": {"num_cpus": 0.2}},
+        },
+        {
+            "name": "classifier",
+            "model": str(trained_models["classifier"]),
+            "ray": {"ray_actor_options": {"num_cpus": 0.2}},
+        },
+    ]
+    path = tmp_path_factory.mktemp("ray-serve") / "ray.toml"
+    write_config(path, models, ray_ingress={"ray_actor_options": {"num_cpus": 0.3}})
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    made = Cluster()
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+def deploy(cluster: Cluster, config: Path, url: str) -> None:
+    """`openai-compat serve --ray ADDRESS --config FILE`: returns once the app runs."""
+    port = url.rsplit(":", 1)[1]
+    command = [sys.executable, "-m", "openai_compat", "serve", "--ray", cluster.address]
+    command += ["--config", str(config), "--host", "127.0.0.1", "--port", port]
+    done = subprocess.run(
+        [*command, "--ray-proxy-location", "HeadOnly"],
+        env=cluster.driver_env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert f"running on Ray Serve at {url}" in done.stdout
+
+
+@pytest.fixture(scope="module")
+def on_ray(cluster: Cluster, config: Path) -> str:
+    """The app deployed by `openai-compat serve --ray ADDRESS`; its proxy's base URL."""
+    url = f"http://127.0.0.1:{free_port()}"
+    deploy(cluster, config, url)
+    return url
+
+
+OBSERVER = """
+import json, sys, ray
+from ray import serve
+ray.init(address=sys.argv[1], log_to_driver=False, namespace="serve")
+for line in sys.stdin:
+    app = serve.status().applications.get("openai-compat")
+    replicas = {}
+    for name, dep in (app.deployments if app else {}).items():
+        replicas[name] = {str(k).rsplit(".", 1)[-1]: v for k, v in dep.replica_states.items()}
+    actors = [
+        {"name": a.get("Name") or "", "node": a["Address"]["NodeID"], "pid": a.get("Pid"),
+         "state": a["State"]}
+        for a in ray._private.state.actors().values()
+    ]
+    print(json.dumps({"replicas": replicas, "actors": actors}), flush=True)
+"""
+
+
+class Observer:
+    """A driver on the cluster (its own process) answering what runs where."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", OBSERVER, cluster.address],
+            env=cluster.driver_env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+
+    def ask(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("?\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, "the observer died"
+        return dict(json.loads(line))
+
+    def actors(self) -> list[dict[str, Any]]:
+        """The live replica actors (Serve names them SERVE_REPLICA::APP#DEPLOYMENT#ID)."""
+        return [
+            a
+            for a in self.ask()["actors"]
+            if a["state"] == "ALIVE" and a["name"].startswith("SERVE_REPLICA")
+        ]
+
+    def wait_replicas(self, deployment: str, count: int, limit: float) -> bool:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            states = self.ask()["replicas"].get(deployment, {})
+            if states.get("RUNNING", 0) == count and sum(states.values()) == count:
+                return True
+            time.sleep(1)
+        return False
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def observer(cluster: Cluster, on_ray: str) -> Iterator[Observer]:
+    watching = Observer(cluster)
+    try:
+        yield watching
+    finally:
+        watching.close()
+
+
+class Load:
+    """Steady embedding requests from `workers` threads until the block ends; what failed."""
+
+    def __init__(self, url: str, workers: int, texts: int = 4, words: int = 4) -> None:
+        self.url, self.workers, self.texts, self.words = url, workers, texts, words
+        self.ok = 0
+        self.failures: list[tuple[int, str | None]] = []  # (status, Retry-After)
+        self.errors: list[str] = []  # no HTTP answer at all (timeouts, resets)
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(workers)]
+
+    def _run(self, i: int) -> None:
+        filler = " ".join(["load"] * self.words)
+        body = {"model": "minilm", "input": [f"{filler} {i} {k}" for k in range(self.texts)]}
+        with httpx.Client(timeout=60) as client:
+            for _ in range(10_000):  # bounded however long the block lasts
+                if self.stop.is_set():
+                    return
+                try:
+                    r = client.post(self.url + "/v1/embeddings", json=body)
+                except httpx.HTTPError as exc:
+                    self.errors.append(repr(exc))
+                    continue
+                if r.status_code == 200:
+                    self.ok += 1
+                else:
+                    self.failures.append((r.status_code, r.headers.get("retry-after")))
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+
+
+@pytest.fixture(scope="module")
+def single(config: Path) -> Iterator[RemoteServer]:
+    with RemoteServer(["--config", str(config)]) as srv:
+        yield srv
+
+
+def _strip(body: Any) -> Any:
+    """An answer without what differs between two servers by nature (ids, clocks)."""
+    if isinstance(body, dict):
+        return {k: _strip(v) for k, v in body.items() if k not in ("id", "created", "unix", "meta")}
+    if isinstance(body, list):
+        return [_strip(v) for v in body]
+    return body
+
+
+def _close(a: Any, b: Any, path: str = "") -> None:
+    """Equal in shape and keys; numbers within 1e-5."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), (path, a, b)
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), (path, len(a), b)
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert abs(float(a) - float(b)) <= 1e-5, (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+REQUESTS = [
+    ("POST", "/v1/embeddings", {"model": "minilm", "input": TEXTS}),
+    ("POST", "/v1/embeddings", {"model": "minilm", "input": TEXTS, "encoding_format": "base64"}),
+    ("POST", "/v1/embeddings", {"model": "minilm", "input": [[9906, 1917]]}),  # token ids
+    (
+        "POST",
+        "/v2/embed",
+        {
+            "model": "minilm",
+            "texts": TEXTS,
+            "input_type": "search_query",
+            "embedding_types": ["float", "int8", "ubinary"],
+        },
+    ),
+    ("POST", "/embed", {"inputs": TEXTS}),  # TEI, the default embedding model
+    ("POST", "/embeddings", {"model": "minilm", "input": TEXTS}),  # infinity
+    ("POST", "/v1/rerank", {"model": "reranker", "query": "food", "documents": TEXTS}),
+    ("POST", "/rerank", {"query": "food", "texts": TEXTS, "raw_scores": True}),  # TEI
+    ("POST", "/v1/classify", {"model": "classifier", "input": ["I loved it", "awful"]}),
+    ("POST", "/predict", {"inputs": [["I loved it", "awful"]], "raw_scores": True}),  # pairs
+    ("POST", "/tokenize", {"inputs": "hello world"}),
+    (
+        "POST",
+        "/v1/embeddings",
+        {"model": "minilm", "input": ["late"], "long_input": "late", "chunk_tokens": 2},
+    ),
+    ("POST", "/v1/embeddings", {"model": "nope", "input": "x"}),  # 404 in OpenAI's shape
+    ("POST", "/v1/embeddings", {"model": "minilm", "input": "word " * 400}),  # 400 too long
+    ("GET", "/v1/models", None),
+    ("GET", "/info", None),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), REQUESTS, ids=[r[1] for r in REQUESTS])
+def test_every_route_answers_as_the_single_process_server(
+    on_ray: str, single: RemoteServer, method: str, path: str, body: Any
+) -> None:
+    with httpx.Client(timeout=120) as client:
+        theirs = client.request(method, single.url + path, json=body)
+        ours = client.request(method, on_ray + path, json=body)
+    assert ours.status_code == theirs.status_code, (ours.text[:500], theirs.text[:500])
+    assert ours.headers["content-type"] == theirs.headers["content-type"]
+    _close(_strip(ours.json()), _strip(theirs.json()))
+
+
+def test_the_sdks_through_the_proxy_match_a_direct_encode(on_ray: str, st_model: Any) -> None:
+    import cohere
+
+    client = openai.OpenAI(base_url=on_ray + "/v1", api_key="unused", max_retries=0)
+    got = client.embeddings.create(model="minilm", input=TEXTS)
+    want = st_model.encode(TEXTS, normalize_embeddings=True)
+    assert np.allclose([d.embedding for d in got.data], want, atol=1e-5)
+    assert got.usage.prompt_tokens > 0
+    co = cohere.ClientV2(base_url=on_ray, api_key="unused")
+    embedded = co.embed(
+        model="minilm", texts=TEXTS, input_type="search_document", embedding_types=["float"]
+    )
+    assert np.allclose(embedded.embeddings.float_, want, atol=1e-5)
+    ranked = co.rerank(model="reranker", query="what did the man eat?", documents=TEXTS)
+    assert ranked.results[0].index == 0
+
+
+def test_the_batch_api_points_to_its_ray_path(on_ray: str) -> None:
+    r = httpx.get(on_ray + "/v1/batches", timeout=30)
+    assert r.status_code == 501
+    assert "openai-compat batch" in r.json()["error"]["message"]
+
+
+def test_a_models_replicas_land_on_both_nodes(observer: Observer) -> None:
+    minilm = [a for a in observer.actors() if "model-minilm" in a["name"]]
+    assert len(minilm) == 2 and len({a["node"] for a in minilm}) == 2, minilm
+
+
+def test_a_rollout_under_load_loses_nothing(
+    on_ray: str, cluster: Cluster, config: Path, observer: Observer
+) -> None:
+    """A changed config (a new alias: every model's settings change, so every replica
+    restarts) deployed while clients send requests: none fails (the SDK's own retries are
+    off: plain HTTP), and the new config is in effect afterwards."""
+    before = {a["name"] for a in observer.actors() if "model-" in a["name"]}
+    changed = config.with_name("rollout.toml")
+    changed.write_text(
+        config.read_text().replace('name = "minilm"', 'name = "minilm"\naliases = ["minilm-v2"]')
+    )
+    with Load(on_ray, workers=3) as load:
+        time.sleep(2)
+        deploy(cluster, changed, on_ray)
+        time.sleep(2)
+    assert load.failures == [] and load.ok > 20, (load.failures[:5], load.ok)
+    r = httpx.post(on_ray + "/v1/embeddings", json={"model": "minilm-v2", "input": "x"}, timeout=60)
+    assert r.status_code == 200 and r.json()["model"] == "minilm-v2"
+    after = {a["name"] for a in observer.actors() if "model-" in a["name"]}
+    assert len(after) == len(before) == 4 and not (after & before), (before, after)
+
+
+def test_a_killed_replica_fails_only_its_own_requests(on_ray: str, observer: Observer) -> None:
+    """One minilm replica's process killed under load: requests it held fail with a 503 and
+    Retry-After (never a hang: every request has a 60 s client timeout), the others are
+    served, and Ray starts a replacement."""
+    (victim, *_) = [a for a in observer.actors() if "model-minilm" in a["name"]]
+    with Load(on_ray, workers=4) as load:
+        time.sleep(3)
+        os.kill(victim["pid"], signal.SIGKILL)
+        time.sleep(8)
+    assert not load.errors, load.errors[:3]  # no timeouts, no broken connections
+    assert {status for status, _ in load.failures} <= {503}, load.failures[:3]
+    assert len(load.failures) <= 4 + 64  # what the dead replica can have held
+    assert all(retry == "1" for _, retry in load.failures)
+    assert load.ok > 10
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        alive = [a for a in observer.actors() if "model-minilm" in a["name"]]
+        if len(alive) == 2 and victim["pid"] not in {a["pid"] for a in alive}:
+            break
+        time.sleep(2)
+    else:
+        raise AssertionError(f"no replacement replica: {alive}")
+    r = httpx.post(on_ray + "/v1/embeddings", json={"model": "minilm", "input": "x"}, timeout=60)
+    assert r.status_code == 200
+
+
+def test_autoscaling_follows_the_load_up_and_down(
+    on_ray: str, cluster: Cluster, config: Path, observer: Observer
+) -> None:
+    scaled = config.with_name("autoscale.toml")
+    text = config.read_text().replace(
+        "num_replicas = 2, ",
+        "autoscaling_config = {min_replicas = 1, max_replicas = 2, target_ongoing_requests = 1"
+        ", upscale_delay_s = 0.5, downscale_delay_s = 45, look_back_period_s = 15}, ",
+    )
+    assert "autoscaling_config" in text
+    scaled.write_text(text)
+    deploy(cluster, scaled, on_ray)
+    assert observer.wait_replicas("model-minilm", 1, limit=120)
+    # 16 texts of ~100 tokens a request: each engine call takes long enough that the model
+    # replica holds several at once (short ones are answered before the next arrives)
+    with Load(on_ray, workers=6, texts=16, words=100):
+        assert observer.wait_replicas("model-minilm", 2, limit=120)
+    # back down once the load is gone: after the look-back window and the 45 s delay (long
+    # enough that the controller's brief zero readings while a starved replica starts on
+    # this 2-core machine do not stop it)
+    assert observer.wait_replicas("model-minilm", 1, limit=180)
