@@ -88,7 +88,12 @@ def run_aiperf(
         "--output-artifact-dir",
         str(out),
     ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    # Not HF_HUB_OFFLINE: AIPerf 0.13's offline branch looks a local folder up in the hub
+    # cache and fails ("Repo id must be in the form..."); online, a local folder is read as
+    # a folder (transformers' AutoTokenizer), with no hub request.
+    drop = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["HF_HUB_DISABLE_TELEMETRY"] = "1"
     done = subprocess.run(
         cmd,
         env=env,
@@ -98,14 +103,16 @@ def run_aiperf(
         preexec_fn=lambda: os.sched_setaffinity(0, args.gen_cpus),
     )
     if done.returncode != 0:
-        raise RuntimeError(f"aiperf failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    (found,) = out.rglob("profile_export_aiperf.json")
-    export = json.loads(found.read_text())
+        tail = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        raise RuntimeError(f"aiperf failed ({done.returncode}):\n{tail}")
+    # the whole run's export (phases/ holds the warm-up's and the profiling phase's apart)
+    export = json.loads((out / "profile_export_aiperf.json").read_text())
     return {
         "requests_per_s": metric(export, "request_throughput", "avg"),
         "p50_ms": metric(export, "request_latency", "p50"),
         "p99_ms": metric(export, "request_latency", "p99"),
         "requests": metric(export, "request_count", "avg"),
+        "errors": len(export.get("error_summary") or []),
     }
 
 

@@ -36,6 +36,7 @@ LABELS = {
     "minilm-int8": "onnx-int8",
     "minilm-openvino": "openvino",
     "minilm-ov-int8": "openvino-int8",
+    "minilm-ov-bf16": "openvino-bf16",
 }
 
 

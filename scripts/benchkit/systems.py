@@ -24,8 +24,16 @@ MODEL_SETTINGS = {
     "minilm-int8": ("all-MiniLM-L6-v2", "builtin:all-MiniLM-L6-v2", None, "onnx-int8", 32),
     "minilm-openvino": ("all-MiniLM-L6-v2", "builtin:all-MiniLM-L6-v2", None, "openvino", 32),
     "minilm-ov-int8": ("all-MiniLM-L6-v2", "builtin:all-MiniLM-L6-v2", None, "openvino-int8", 32),
+    # OpenVINO in bf16 (dtype = "bfloat16"; f32 otherwise), on CPUs with bf16 instructions
+    "minilm-ov-bf16": ("all-MiniLM-L6-v2", "builtin:all-MiniLM-L6-v2", None, "openvino-bf16", 32),
 }
-BACKEND_SETTINGS = {"minilm-onnx", "minilm-int8", "minilm-openvino", "minilm-ov-int8"}
+BACKEND_SETTINGS = {
+    "minilm-onnx",
+    "minilm-int8",
+    "minilm-openvino",
+    "minilm-ov-int8",
+    "minilm-ov-bf16",
+}
 # What the in-process ceiling runs for a setting (infinity-emb engine name).
 INPROCESS = {"debug": "debug", "minilm": "minilm"} | {s: "minilm" for s in BACKEND_SETTINGS}
 
@@ -124,6 +132,8 @@ def start_ours(
     quantize = ""
     if engine.endswith("-int8"):
         engine, quantize = engine.removesuffix("-int8"), 'quantize = "int8"\n'
+    if engine.endswith("-bf16"):
+        engine, quantize = engine.removesuffix("-bf16"), 'dtype = "bfloat16"\n'
     cfg.write_text(
         f'export_dir = "{workdir / "exports"}"\n'
         f'[[models]]\nname = "{served}"\nmodel = "{source}"\nengine = "{engine}"\n'
