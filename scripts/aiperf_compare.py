@@ -30,15 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchkit import systems
-from benchkit.systems import Server, start_infinity, start_ours, wait_ready
-
-
-def _cpus(spec: str) -> set[int]:
-    out: set[int] = set()
-    for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        out |= set(range(int(lo), int(hi or lo) + 1))
-    return out
+from benchkit.systems import Server, parse_cpus, start_infinity, start_ours, wait_ready
 
 
 def metric(export: dict[str, Any], name: str, stat: str) -> float:
@@ -129,7 +121,7 @@ def main() -> int:
     p.add_argument("--gen-cpus", default="1")
     p.add_argument("--out", default="aiperf-results")
     args = p.parse_args()
-    args.server_cpus, args.gen_cpus = _cpus(args.server_cpus), _cpus(args.gen_cpus)
+    args.server_cpus, args.gen_cpus = parse_cpus(args.server_cpus), parse_cpus(args.gen_cpus)
     systems.SERVER_CPUS.update(args.server_cpus)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -42,15 +42,7 @@ from benchkit.inprocess import inprocess_worker
 from benchkit.model_pool import model_pool
 from benchkit.repeats import repeats
 from benchkit.sweep import sweep
-from benchkit.systems import MODEL_SETTINGS, SERVER_CPUS
-
-
-def _cpus(spec: str) -> set[int]:
-    out: set[int] = set()
-    for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        out |= set(range(int(lo), int(hi or lo) + 1))
-    return out
+from benchkit.systems import MODEL_SETTINGS, SERVER_CPUS, parse_cpus
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -149,9 +141,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.memory_inputs is None:
         a.memory_inputs = 2048 if full else 0
     cpus = sorted(os.sched_getaffinity(0))
-    a.gen_cpus = _cpus(a.gen_cpus) if a.gen_cpus else {cpus[-1]}
+    a.gen_cpus = parse_cpus(a.gen_cpus) if a.gen_cpus else {cpus[-1]}
     a.server_cpus = (
-        _cpus(a.server_cpus) if a.server_cpus else (set(cpus) - a.gen_cpus or a.gen_cpus)
+        parse_cpus(a.server_cpus) if a.server_cpus else (set(cpus) - a.gen_cpus or a.gen_cpus)
     )
     return a
 

@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.utils import ROOT, SERVER_ENV, RemoteServer
+from tests.utils import ROOT, SERVER_ENV, RemoteServer, live_pids
 
 pytestmark = pytest.mark.slow
 
@@ -444,16 +444,7 @@ def test_cli_interrupted_then_rerun_continues_without_duplicates(tmp_path: Path)
 
 def _ray_workers() -> set[int]:
     """PIDs of live Ray Data actor processes running our LineWorker (zombies excluded)."""
-    found = set()
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if b"LineWorker" in cmdline and state != "Z":
-            found.add(int(proc.name))
-    return found
+    return live_pids(b"LineWorker")
 
 
 def test_ray_job_output_equals_the_local_run(tmp_path: Path) -> None:

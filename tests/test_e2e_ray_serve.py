@@ -24,25 +24,19 @@ import numpy as np
 import openai
 import pytest
 
-from tests.utils import SERVER_ENV, RemoteServer, free_port, write_config
+from tests.utils import (
+    SERVER_ENV,
+    RemoteServer,
+    assert_same_answer,
+    free_port,
+    live_pids,
+    strip_volatile,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 
 TEXTS = ["A man is eating food.", "The stock market crashed today.", "東京は日本の首都です。"]
-
-
-def _ray_pids(marker: str) -> set[int]:
-    """Live processes whose command line names this cluster's temp dirs (zombies excluded)."""
-    found = set()
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if marker.encode() in cmdline and state != "Z":
-            found.add(int(proc.name))
-    return found
 
 
 class Cluster:
@@ -94,9 +88,9 @@ class Cluster:
         ray = str(Path(sys.executable).with_name("ray"))
         subprocess.run([ray, "stop", "--force"], env=self.env, capture_output=True, timeout=120)
         deadline = time.monotonic() + 30
-        while _ray_pids(self.root) and time.monotonic() < deadline:
+        while live_pids(self.root.encode()) and time.monotonic() < deadline:
             time.sleep(0.5)
-        left = _ray_pids(self.root)
+        left = live_pids(self.root.encode())
         shutil.rmtree(self.root, ignore_errors=True)
         assert not left, f"Ray processes left behind: {sorted(left)}"
 
@@ -278,31 +272,6 @@ def single(config: Path) -> Iterator[RemoteServer]:
         yield srv
 
 
-def _strip(body: Any) -> Any:
-    """An answer without what differs between two servers by nature (ids, clocks)."""
-    if isinstance(body, dict):
-        return {k: _strip(v) for k, v in body.items() if k not in ("id", "created", "unix", "meta")}
-    if isinstance(body, list):
-        return [_strip(v) for v in body]
-    return body
-
-
-def _close(a: Any, b: Any, path: str = "") -> None:
-    """Equal in shape and keys; numbers within 1e-5."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), (path, a, b)
-        for k in a:
-            _close(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), (path, len(a), b)
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) or isinstance(b, float):
-        assert abs(float(a) - float(b)) <= 1e-5, (path, a, b)
-    else:
-        assert a == b, (path, a, b)
-
-
 REQUESTS = [
     ("POST", "/v1/embeddings", {"model": "minilm", "input": TEXTS}),
     ("POST", "/v1/embeddings", {"model": "minilm", "input": TEXTS, "encoding_format": "base64"}),
@@ -345,7 +314,7 @@ def test_every_route_answers_as_the_single_process_server(
         ours = client.request(method, on_ray + path, json=body)
     assert ours.status_code == theirs.status_code, (ours.text[:500], theirs.text[:500])
     assert ours.headers["content-type"] == theirs.headers["content-type"]
-    _close(_strip(ours.json()), _strip(theirs.json()))
+    assert_same_answer(strip_volatile(ours.json()), strip_volatile(theirs.json()))
 
 
 def test_the_sdks_through_the_proxy_match_a_direct_encode(on_ray: str, st_model: Any) -> None:

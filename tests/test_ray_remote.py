@@ -19,6 +19,7 @@ from openai_compat.engine.usage import TokenCountedArray
 from openai_compat.errors import ServiceUnavailable
 from openai_compat.ray_serve.remote import RemoteEngine, pack, unpack
 from openai_compat.sparse import SparseVector
+from tests.utils import assert_same_answer, strip_volatile
 
 
 def test_vectors_keep_their_token_counts_and_norms_across_the_wire() -> None:
@@ -167,30 +168,6 @@ REQUESTS: list[tuple[str, str, Any]] = [
 ]
 
 
-def _strip(body: Any) -> Any:
-    if isinstance(body, dict):
-        return {k: _strip(v) for k, v in body.items() if k not in ("id", "created", "unix", "meta")}
-    if isinstance(body, list):
-        return [_strip(v) for v in body]
-    return body
-
-
-def _close(a: Any, b: Any, path: str = "") -> None:
-    """Equal in shape and keys; numbers within 1e-5."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), (path, a, b)
-        for k in a:
-            _close(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), (path, a, b)
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) or isinstance(b, float):
-        assert abs(float(a) - float(b)) <= 1e-5, (path, a, b)
-    else:
-        assert a == b, (path, a, b)
-
-
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_every_route_answers_as_the_single_process_app(
@@ -202,7 +179,7 @@ async def test_every_route_answers_as_the_single_process_app(
         ours = await remote.request(method, path, json=body)
         assert ours.status_code == theirs.status_code, (path, ours.text[:300], theirs.text[:300])
         assert ours.headers["content-type"] == theirs.headers["content-type"], path
-        _close(_strip(ours.json()), _strip(theirs.json()), path)
+        assert_same_answer(strip_volatile(ours.json()), strip_volatile(theirs.json()), path)
     # the engine work really went through the handles (the models run "remotely")
     called = {m for h in handles for m in h.calls}
     assert {"describe", "embed", "rerank", "classify", "logits", "token_vectors"} <= called

@@ -193,3 +193,45 @@ async def app_client(settings: Any) -> AsyncIterator[httpx.AsyncClient]:
                 await asyncio.sleep(0.05)
             client.app_state = app.state  # type: ignore[attr-defined]  # for tests that look inside
             yield client
+
+
+VOLATILE_KEYS = ("id", "created", "unix", "meta")
+
+
+def strip_volatile(body: Any) -> Any:
+    """An answer without what differs between two servers by nature (ids, clocks)."""
+    if isinstance(body, dict):
+        return {k: strip_volatile(v) for k, v in body.items() if k not in VOLATILE_KEYS}
+    if isinstance(body, list):
+        return [strip_volatile(v) for v in body]
+    return body
+
+
+def assert_same_answer(a: Any, b: Any, path: str = "") -> None:
+    """Equal in shape and keys; numbers within 1e-5."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), (path, a, b)
+        for k in a:
+            assert_same_answer(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), (path, a, b)
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_answer(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert abs(float(a) - float(b)) <= 1e-5, (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+def live_pids(marker: bytes) -> set[int]:
+    """PIDs of live processes (zombies excluded) whose command line contains `marker`."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker in cmdline and state != "Z":
+            found.add(int(proc.name))
+    return found

@@ -48,6 +48,15 @@ SERVER_ENV = {
 }
 
 
+def parse_cpus(spec: str) -> set[int]:
+    """A CPU list as taskset writes it ("0", "0,1", "0-3") -> its CPUs."""
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out |= set(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
