@@ -75,10 +75,14 @@ def _loaded(registry: Registry, entry: ModelEntry) -> None:
     registry.pool.slots[entry.name].card = models.card(entry, entry.name)
 
 
-def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, registry: Registry | None = None, *, batch_runner: bool = True
+) -> FastAPI:
     """The app. Models load in the background after start-up, so probes answer meanwhile.
 
     A `registry` that is already complete (tests, embedding in another app) is served as is.
+    `batch_runner=False`: this process never runs Batch API jobs (a Ray Serve ingress, whose
+    Batch API requests go to the one BatchServer that owns the data dir).
     """
     registry = registry if registry is not None else Registry(settings.served_models())
     eager = sum(1 for c in registry.configs if c.load == "eager")
@@ -121,7 +125,8 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
             lifecycle.ready()
         else:
             loader = asyncio.create_task(_load(registry, lifecycle, settings), name="load-models")
-        batches.start(app)
+        if batch_runner:
+            batches.start(app)
         try:
             yield
         finally:

@@ -223,6 +223,15 @@ class Settings(BaseModel):
         "serve --ray: the ingress deployment (our HTTP app): replicas, autoscaling, resources.",
         cli=False,
     )
+    ray_batch: RayOptions = _opt(
+        RayOptions(
+            ray_actor_options={"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
+        ),
+        "serve --ray: the batch server (the Files and Batch APIs, one replica where the data "
+        "dir is; the head node by default, reserving no CPU, as Ray's own proxy): its "
+        "resources. Always one replica.",
+        cli=False,
+    )
 
     def data(self) -> Path:
         if self.data_dir is not None:
@@ -232,6 +241,16 @@ class Settings(BaseModel):
 
     def exports(self) -> Path:
         return self.export_dir or default_export_dir()
+
+    @field_validator("ray_batch")
+    @classmethod
+    def _one_batch_server(cls, value: RayOptions) -> RayOptions:
+        if value.num_replicas != 1 or value.autoscaling_config:
+            raise ValueError(
+                "the batch server keeps the Batch API's state in one data dir: it runs one "
+                "replica (no num_replicas or autoscaling_config)"
+            )
+        return value
 
     @field_validator("memory_budget", mode="before")
     @classmethod

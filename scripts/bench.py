@@ -10,6 +10,7 @@ With --batch-impact: live latency on ours alone vs while a Batch API job runs.
     python scripts/bench.py --model-pool --concurrency 4      # lazy loading's costs (#26)
     python scripts/bench.py --repeats 0.3 --inputs 16 --concurrency 32   # a corpus with repeats
     python scripts/bench.py --grid --server-cpus 0    # every CPU backend x length x concurrency
+    python scripts/bench.py --ray --server-cpus 0 --gen-cpus 1   # Ray Serve: overhead, scaling
 
 Fairness: the load generator (this process) is pinned to its own CPU(s) with
 sched_setaffinity (`--gen-cpus`, default the last CPU); every server and the in-process engine
@@ -40,6 +41,7 @@ from benchkit.grid import grid
 from benchkit.grid import render as grid_report
 from benchkit.inprocess import inprocess_worker
 from benchkit.model_pool import model_pool
+from benchkit.ray_serve import ray_serve
 from benchkit.repeats import repeats
 from benchkit.sweep import sweep
 from benchkit.systems import MODEL_SETTINGS, SERVER_CPUS, parse_cpus
@@ -113,6 +115,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--grid-report", default=None, metavar="GRID_JSON", help="print a --grid run's table again"
     )
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="instead: Ray Serve with one model replica vs the single-process server on the "
+        "same core (overhead), and two replicas vs one on two cores (scaling); first --inputs "
+        "(default 16) and --concurrency (default 16)",
+    )
+    p.add_argument("--ray-phases", default="overhead,scaling", help="which of them (--ray)")
+    p.add_argument(
+        "--ray-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="--ray overhead: also a second Ray node with this environment, same rounds",
+    )
+    p.add_argument(
+        "--ray-tokens",
+        type=int,
+        default=None,
+        help="tokens per text (--ray; default: short sentences of 8-16 words)",
+    )
     p.add_argument("--inprocess-worker", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     full = a.full
@@ -120,6 +143,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.models = a.models or ",".join(GRID_SETTINGS)
         a.inputs = a.inputs or "1"
         a.concurrency = a.concurrency or "1,4,16,64"
+    if a.ray:
+        a.inputs = a.inputs or "16"
+        a.concurrency = a.concurrency or "16"
+    a.ray_phases = a.ray_phases.split(",")
     a.lengths = [int(x) for x in a.lengths.split(",")]
     a.models = (a.models or "debug,minilm").split(",")
     a.systems = a.systems.split(",")
@@ -166,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(repeats(args, out_dir, workdir))
     elif args.grid:
         asyncio.run(grid(args, out_dir, workdir))
+    elif args.ray:
+        asyncio.run(ray_serve(args, out_dir, workdir))
     elif args.model_pool:
         asyncio.run(model_pool(args, out_dir, workdir))
     elif args.batch_impact:

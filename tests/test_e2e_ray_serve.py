@@ -23,6 +23,8 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from tests.utils import (
     SERVER_ENV,
@@ -60,11 +62,13 @@ class Cluster:
         self.driver_env = {**self.env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.metrics_ports: list[int] = []  # each node's metrics agent (Prometheus format)
         self._start("h", ["--head", f"--port={self.port}", "--include-dashboard=false"])
         self._start("w", [f"--address={self.address}"])
 
     def _start(self, name: str, extra: list[str]) -> None:
         ports = [free_port() for _ in range(5)]
+        self.metrics_ports.append(ports[4])
         cmd = [
             str(Path(sys.executable).with_name("ray")),
             "start",
@@ -110,16 +114,25 @@ def config(tmp_path_factory: pytest.TempPathFactory, trained_models: dict[str, P
         {
             "name": "reranker",
             "model": str(trained_models["reranker"]),
-            "ray": {"ray_actor_options": {"num_cpus": 0.2}},
+            "ray": {"ray_actor_options": {"num_cpus": 0.1}},
         },
         {
             "name": "classifier",
             "model": str(trained_models["classifier"]),
-            "ray": {"ray_actor_options": {"num_cpus": 0.2}},
+            "ray": {"ray_actor_options": {"num_cpus": 0.1}},
         },
     ]
     path = tmp_path_factory.mktemp("ray-serve") / "ray.toml"
-    write_config(path, models, ray_ingress={"ray_actor_options": {"num_cpus": 0.3}})
+    write_config(
+        path,
+        models,
+        data_dir=str(path.with_name("batch-data")),  # the batch server's, on the head node
+        # whatever lands on one node leaves room for a minilm replica (0.4): 0.2 + 0.1 x 3
+        ray_ingress={"ray_actor_options": {"num_cpus": 0.2}},
+        ray_batch={
+            "ray_actor_options": {"num_cpus": 0.1, "resources": {"node:__internal_head__": 0.01}}
+        },
+    )
     return path
 
 
@@ -268,7 +281,8 @@ class Load:
 
 @pytest.fixture(scope="module")
 def single(config: Path) -> Iterator[RemoteServer]:
-    with RemoteServer(["--config", str(config)]) as srv:
+    data = config.with_name("single-data")  # its own: a data dir has one owner
+    with RemoteServer(["--config", str(config), "--data-dir", str(data)]) as srv:
         yield srv
 
 
@@ -334,15 +348,119 @@ def test_the_sdks_through_the_proxy_match_a_direct_encode(on_ray: str, st_model:
     assert ranked.results[0].index == 0
 
 
-def test_the_batch_api_points_to_its_ray_path(on_ray: str) -> None:
-    r = httpx.get(on_ray + "/v1/batches", timeout=30)
-    assert r.status_code == 501
-    assert "openai-compat batch" in r.json()["error"]["message"]
+def test_the_batch_api_runs_on_the_cluster(
+    on_ray: str, config: Path, observer: Observer, st_model: Any
+) -> None:
+    """A batch through the proxy with the openai SDK: the batch server stores it in the data
+    dir and runs its lines on the model deployments; the vectors equal a direct encode. Its
+    replica killed, Ray starts another on the same node, which finds the job again."""
+    client = openai.OpenAI(base_url=on_ray + "/v1", api_key="unused", max_retries=0)
+    lines = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "minilm", "input": text},
+        }
+        for i, text in enumerate(TEXTS)
+    ]
+    jsonl = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = client.files.create(file=("in.jsonl", jsonl), purpose="batch")
+    job = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    deadline = time.monotonic() + 180
+    while job.status not in ("completed", "failed") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        job = client.batches.retrieve(job.id)
+    assert job.status == "completed" and job.output_file_id, job
+    out = client.files.content(job.output_file_id).content
+    rows = {r["custom_id"]: r["response"]["body"] for r in map(json.loads, out.splitlines())}
+    got = [rows[f"r{i}"]["data"][0]["embedding"] for i in range(len(TEXTS))]
+    assert np.allclose(got, st_model.encode(TEXTS, normalize_embeddings=True), atol=1e-5)
+    assert (config.with_name("batch-data") / "batch.sqlite3").is_file()
+
+    (victim,) = [a for a in observer.actors() if "#batch#" in a["name"]]
+    os.kill(victim["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{on_ray}/v1/batches/{job.id}", timeout=30)
+        if r.status_code == 200:
+            break
+        assert r.status_code == 503, r.text  # the replacement is starting: retryable
+        time.sleep(1)
+    assert r.status_code == 200 and r.json()["status"] == "completed", r.text
+    (replacement,) = [a for a in observer.actors() if "#batch#" in a["name"]]
+    assert replacement["pid"] != victim["pid"] and replacement["node"] == victim["node"]
+    assert client.files.content(job.output_file_id).content == out
 
 
 def test_a_models_replicas_land_on_both_nodes(observer: Observer) -> None:
     minilm = [a for a in observer.actors() if "model-minilm" in a["name"]]
     assert len(minilm) == 2 and len({a["node"] for a in minilm}) == 2, minilm
+
+
+def _exported(cluster: Cluster) -> list[list[Sample]]:
+    """Each node's exported samples (Ray's metrics agent, the node's metrics port)."""
+    out = []
+    for port in cluster.metrics_ports:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        out.append([s for f in text_string_to_metric_families(text) for s in f.samples])
+    return out
+
+
+def test_every_replicas_metrics_reach_rays_export(on_ray: str, cluster: Cluster) -> None:
+    """Each replica copies its Prometheus registry into Ray's metrics export: every node's
+    metrics port serves its replicas' series, tagged with their deployment and replica. The
+    ingress's counts equal its own /metrics; each minilm replica (one per node) reports its
+    own load time, and together they counted the inputs they embedded."""
+    texts = [f"metrics probe {i}" for i in range(7)]  # new texts: no cache answers them
+    r = httpx.post(on_ray + "/v1/embeddings", json={"model": "minilm", "input": texts}, timeout=60)
+    assert r.status_code == 200
+    own = {
+        s.labels["route"]: s.value
+        for f in text_string_to_metric_families(httpx.get(on_ray + "/metrics", timeout=30).text)
+        for s in f.samples
+        if s.name == "openai_compat_inputs_total" and s.labels["model"] == "minilm"
+    }
+    assert own["/v1/embeddings"] >= 7
+    deadline = time.monotonic() + 90  # replicas copy every 5 s, Ray reports every 10 s
+    while True:
+        nodes = _exported(cluster)
+        ingress = {
+            s.labels["route"]: s.value
+            for node in nodes
+            for s in node
+            if s.name == "ray_openai_compat_inputs_total"
+            and s.labels.get("deployment") == "ingress"
+            and s.labels["model"] == "minilm"
+        }
+        loads = [
+            {
+                s.labels["replica"]
+                for s in node
+                if s.name == "ray_openai_compat_model_load_seconds"
+                and s.labels.get("deployment") == "model-minilm"
+                and s.value > 0
+            }
+            for node in nodes
+        ]
+        embedded = sum(
+            s.value
+            for node in nodes
+            for s in node
+            if s.name == "ray_openai_compat_inputs_total"
+            and s.labels.get("deployment") == "model-minilm"
+            and s.labels["route"] == "embed"
+        )
+        if (ingress == own and all(len(x) == 1 for x in loads) and embedded >= 7) or (
+            time.monotonic() > deadline
+        ):
+            break
+        time.sleep(2)
+    assert ingress == own
+    assert [len(x) for x in loads] == [1, 1] and loads[0] != loads[1], loads
+    assert embedded >= 7
 
 
 def test_a_rollout_under_load_loses_nothing(

@@ -5,6 +5,7 @@ the error mapping on their own."""
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 import pytest_asyncio
 
@@ -44,11 +46,14 @@ class Failing:
     def __init__(self, exc: Exception) -> None:
         self.exc = exc
 
+    def options(self, **_: Any) -> Failing:
+        return self
+
     def __getattr__(self, method: str) -> Any:
         outer = self
 
         class Call:
-            async def remote(self, *args: Any) -> Any:
+            async def remote(self, *args: Any, **kwargs: Any) -> Any:
                 raise outer.exc
 
         return Call()
@@ -66,24 +71,42 @@ async def test_a_dead_replica_is_a_retryable_503_and_other_errors_pass() -> None
 
 
 class PickledHandle:
-    """A DeploymentHandle stand-in: `handle.method.remote(*args)` calls the ModelServer with
-    the arguments and the answer each through pickle, as Ray's object store does."""
+    """A DeploymentHandle stand-in: `handle.method.remote(*args)` calls the server with the
+    arguments and the answer each through pickle, as Ray's object store does; with
+    `options(stream=True)`, the method's async generator, each item pickled."""
 
-    def __init__(self, server: Any) -> None:
-        self.server = server
+    def __init__(self, server: Any, stream: bool = False) -> None:
+        self.server, self.stream = server, stream
         self.calls: list[str] = []
+        self.background: list[bool] = []  # the flag of each engine call
+
+    def options(self, stream: bool = False) -> PickledHandle:
+        other = PickledHandle(self.server, stream)
+        other.calls, other.background = self.calls, self.background
+        return other
 
     def __getattr__(self, method: str) -> Any:
         handle = self
 
         class Call:
-            async def remote(self, *args: Any) -> Any:
+            def remote(self, *args: Any, **kwargs: Any) -> Any:
                 handle.calls.append(method)
-                args = pickle.loads(pickle.dumps(args))
-                result = getattr(handle.server, method)(*args)
+                if "background" in kwargs:
+                    handle.background.append(kwargs["background"])
+                args, kwargs = pickle.loads(pickle.dumps((args, kwargs)))
+                if handle.stream:
+                    return self._stream(args, kwargs)
+                return self._call(args, kwargs)
+
+            async def _call(self, args: Any, kwargs: Any) -> Any:
+                result = getattr(handle.server, method)(*args, **kwargs)
                 if hasattr(result, "__await__"):
                     result = await result
                 return pickle.loads(pickle.dumps(result))
+
+            async def _stream(self, args: Any, kwargs: Any) -> Any:
+                async for item in getattr(handle.server, method)(*args, **kwargs):
+                    yield pickle.loads(pickle.dumps(item))
 
         return Call()
 
@@ -99,34 +122,48 @@ def configs(trained_models: dict[str, Path]) -> list[dict[str, Any]]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def clients(
-    configs: list[dict[str, Any]],
+    configs: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, list[PickledHandle]]]:
-    """(the ingress app on pickling handles, the single-process app) on the same models."""
+    """(the ingress app on pickling handles, with its batch server; the single-process app)
+    on the same models."""
     from asgi_lifespan import LifespanManager
 
+    from openai_compat.ray_serve.batch import BatchServer
     from openai_compat.ray_serve.deployments import Ingress, ModelServer
     from openai_compat.settings import ModelConfig, Settings
     from tests.utils import app_client
 
-    settings = Settings(models=tuple(ModelConfig(**c) for c in configs), cache_bytes=0)
+    settings = Settings(
+        models=tuple(ModelConfig(**c) for c in configs),
+        cache_bytes=0,
+        data_dir=tmp_path_factory.mktemp("ray-data"),
+        batch_max_file_bytes=64 * 1024,
+    )
     handles = []
     for c in configs:
         server = ModelServer.__new__(ModelServer)
         await server.__init__(settings, c["name"])
         handles.append(PickledHandle(server))
+    names = [c["name"] for c in configs]
+    batch = BatchServer.__new__(BatchServer)
+    await batch.__init__(settings, names, *handles)
     ingress = Ingress.__new__(Ingress)
-    await ingress.__init__(settings, [c["name"] for c in configs], *handles)
+    await ingress.__init__(settings, names, PickledHandle(batch), *handles)
     app = ingress.__serve_build_asgi_app__()
+    alone = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("single-data")})
     try:
         async with (
-            app_client(settings) as single,
+            app_client(alone) as single,
             LifespanManager(app) as manager,
             httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=manager.app), base_url="http://ray"
             ) as remote,
         ):
+            remote.batch_server = batch  # type: ignore[attr-defined]
             yield remote, single, handles
     finally:
+        await batch.__del__()
+        await ingress.__del__()
         for h in handles:
             await h.server.__del__()
 
@@ -185,17 +222,170 @@ async def test_every_route_answers_as_the_single_process_app(
     assert {"describe", "embed", "rerank", "classify", "logits", "token_vectors"} <= called
 
 
+BATCH_LINES = [
+    {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/embeddings",
+        "body": {"model": "minilm", "input": TEXTS},
+    },
+    {
+        "custom_id": "b",
+        "method": "POST",
+        "url": "/v1/embeddings",
+        "body": {"model": "minilm", "input": "one more", "encoding_format": "base64"},
+    },
+    {
+        "custom_id": "c",
+        "method": "POST",
+        "url": "/v1/embeddings",
+        "body": {"model": "nope", "input": "x"},
+    },
+]
+
+
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
-async def test_the_batch_api_is_refused_with_its_ray_path(
+async def test_the_batch_api_runs_on_the_batch_server(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient, list[PickledHandle]],
 ) -> None:
+    """Files and batches through the ingress: stored and run by the batch server, each line
+    sent to the model deployment flagged background; the output equals what the
+    single-process app answers to the same requests."""
+    remote, single, handles = clients
+    minilm = handles[0]
+    before = len(minilm.background)
+    jsonl = b"".join(orjson.dumps(line) + b"\n" for line in BATCH_LINES)
+    r = await remote.post(
+        "/v1/files", files={"file": ("in.jsonl", jsonl)}, data={"purpose": "batch"}
+    )
+    assert r.status_code == 200, r.text
+    file_id = r.json()["id"]
+    r = await remote.get(f"/v1/files/{file_id}/content")
+    assert r.status_code == 200 and r.content == jsonl  # a download streams back whole
+    r = await remote.post(
+        "/v1/batches",
+        json={"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"},
+    )
+    assert r.status_code == 200, r.text
+    batch_id = r.json()["id"]
+    for _ in range(600):
+        job = (await remote.get(f"/v1/batches/{batch_id}")).json()
+        if job["status"] in ("completed", "failed", "expired", "cancelled"):
+            break
+        await asyncio.sleep(0.1)
+    assert job["status"] == "completed", job
+    assert job["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    out = (await remote.get(f"/v1/files/{job['output_file_id']}/content")).content
+    out += (await remote.get(f"/v1/files/{job['error_file_id']}/content")).content  # "c"
+    rows = {row["custom_id"]: row for row in map(orjson.loads, out.splitlines())}
+    for line in BATCH_LINES:
+        want = await single.post(line["url"], json=line["body"])
+        got = rows[line["custom_id"]]["response"]
+        assert got["status_code"] == want.status_code
+        assert_same_answer(strip_volatile(got["body"]), strip_volatile(want.json()))
+    # the lines reached the model deployment flagged background (after live calls there)
+    assert minilm.background[before:] and all(minilm.background[before:])
+    listed = (await remote.get("/v1/batches")).json()["data"]
+    assert [b["id"] for b in listed] == [batch_id]
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_batch_server_limits_and_failures_reach_the_client(
+    clients: tuple[httpx.AsyncClient, httpx.AsyncClient, list[PickledHandle]],
+) -> None:
+    from openai_compat.app import create_app
+    from openai_compat.ray_serve.batch import with_batch_api
+    from openai_compat.settings import Settings
+
     remote, _, _ = clients
-    for path in ("/v1/batches", "/v1/files", "/batches"):
-        r = await remote.get(path)
-        assert r.status_code == 501, path
-        error = r.json()["error"]
-        assert (
-            error["code"] == "not_served_on_ray"
-            and "batch INPUT -o OUTPUT --ray" in (error["message"])
-        )
+    big = b'{"custom_id": "x"}\n' * 5000  # 95 KB, over batch_max_file_bytes (64 KiB)
+    r = await remote.post("/v1/files", files={"file": ("in.jsonl", big)}, data={"purpose": "batch"})
+    assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    r = await remote.get("/v1/files/file-nope")
+    assert r.status_code == 404 and "error" in r.json()
+    # the batch server gone: a retryable 503 in the route's format, never a 500
+    app = with_batch_api(create_app(Settings()), Failing(ActorDiedError("gone")))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://ray"
+    ) as client:
+        r = await client.get("/v1/batches")
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["code"] == "batch_server_unavailable"
+
+
+def test_the_batch_server_is_one_replica_pinned_to_the_head_by_default(tmp_path: Path) -> None:
+    """[ray_batch]: resources only; replicas or autoscaling would split the data dir's owner."""
+    from openai_compat.config import build_settings
+    from openai_compat.model_config import ConfigError
+    from openai_compat.settings import Settings
+
+    default = Settings().ray_batch
+    assert default.num_replicas == 1 and default.autoscaling_config is None
+    assert default.ray_actor_options == {
+        "num_cpus": 0,
+        "resources": {"node:__internal_head__": 0.001},
+    }
+    config = tmp_path / "c.toml"
+    config.write_text("[ray_batch]\nray_actor_options = {num_cpus = 0.5, resources = {disk = 1}}\n")
+    assert build_settings({"config": str(config)}).ray_batch.ray_actor_options["resources"] == {
+        "disk": 1
+    }
+    for bad in ("num_replicas = 2", "autoscaling_config = {min_replicas = 1, max_replicas = 2}"):
+        config.write_text(f"[ray_batch]\n{bad}\n")
+        with pytest.raises(ConfigError, match="one replica"):
+            build_settings({"config": str(config)})
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_upload_whose_client_vanishes_is_dropped(
+    clients: tuple[httpx.AsyncClient, httpx.AsyncClient, list[PickledHandle]],
+) -> None:
+    """Half an upload, then the client is gone: the batch server stores nothing and holds
+    nothing for the request afterwards."""
+    from openai_compat.ray_serve.batch import forward
+
+    remote, _, _ = clients
+    batch = remote.batch_server  # type: ignore[attr-defined]
+    before = (await remote.get("/v1/files")).json()["data"]
+    head = (
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+    )
+    messages: list[dict[str, Any]] = [
+        {"type": "http.request", "body": head + b'{"custom_id": "a"}\n' * 500, "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()  # a client that is gone sends nothing more
+        raise AssertionError
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/files",
+        "raw_path": b"/v1/files",
+        "query_string": b"",
+        "headers": [
+            (b"content-type", b"multipart/form-data; boundary=b"),
+            (b"content-length", b"60000"),
+        ],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 80),
+    }
+    await asyncio.wait_for(forward(PickledHandle(batch), scope, receive, send), 30)
+    assert not batch.calls  # nothing left waiting for the rest of the body
+    assert (await remote.get("/v1/files")).json()["data"] == before
+    assert not any(m.get("status") == 200 for m in sent)

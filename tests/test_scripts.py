@@ -14,6 +14,19 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
+def run_bench(out_dir: Path, *args: str, timeout: int) -> subprocess.CompletedProcess[str]:
+    """scripts/bench.py with `args`, writing into `out_dir`; it must exit 0."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), *args, "--out-dir", str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
 def test_smoke_script_passes_every_check_on_a_live_server(multi_server: RemoteServer) -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "smoke.py"), "--base-url", multi_server.url],
@@ -43,35 +56,26 @@ def test_bench_short_mode_runs_and_writes_its_outputs(tmp_path: Path) -> None:
     """The benchmark itself (tiny counts on debugengine): it runs and reports; no speed asserted."""
     import json
 
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "bench.py"),
-            "--models",
-            "debug",
-            "--systems",
-            "ours,infinity,inprocess",
-            "--inputs",
-            "1",
-            "--formats",
-            "float,base64",
-            "--concurrency",
-            "2",
-            "--duration",
-            "0.5",
-            "--warmup",
-            "0.2",
-            "--rounds",
-            "2",
-            "--out-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
+    out = run_bench(
+        tmp_path,
+        "--models",
+        "debug",
+        "--systems",
+        "ours,infinity,inprocess",
+        "--inputs",
+        "1",
+        "--formats",
+        "float,base64",
+        "--concurrency",
+        "2",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0.2",
+        "--rounds",
+        "2",
         timeout=600,
-        cwd=ROOT,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
     assert "[bench] round 2/2" in out.stderr  # progress
     assert "vs infinity" in out.stdout and "debug/n1/float/text/c2" in out.stdout
     assert "spread" in out.stdout
@@ -96,32 +100,23 @@ def test_bench_batch_impact_runs_every_mode_and_reports_ratios(tmp_path: Path) -
     the job alone, and the engine in-process."""
     import json
 
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "bench.py"),
-            "--batch-impact",
-            "--models",
-            "debug",
-            "--concurrency",
-            "2",
-            "--duration",
-            "3",
-            "--warmup",
-            "0.2",
-            "--rounds",
-            "2",
-            "--batch-lines",
-            "20000",
-            "--out-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
+    out = run_bench(
+        tmp_path,
+        "--batch-impact",
+        "--models",
+        "debug",
+        "--concurrency",
+        "2",
+        "--duration",
+        "3",
+        "--warmup",
+        "0.2",
+        "--rounds",
+        "2",
+        "--batch-lines",
+        "20000",
         timeout=600,
-        cwd=ROOT,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
     assert "with-batch / alone: p50" in out.stdout
     assert "the batch ended inside the window" not in out.stderr
     report = json.loads((tmp_path / "batch-impact.json").read_text())
@@ -150,32 +145,23 @@ def test_bench_grid_runs_every_backend_and_length_with_accuracy(tmp_path: Path) 
     ratios to torch from the same rounds, and the served vectors' cosine to torch."""
     import json
 
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "bench.py"),
-            "--grid",
-            "--models",
-            "minilm-int8",
-            "--lengths",
-            "16,128",
-            "--concurrency",
-            "1,4",
-            "--duration",
-            "0.5",
-            "--warmup",
-            "0.2",
-            "--rounds",
-            "2",
-            "--out-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
+    out = run_bench(
+        tmp_path,
+        "--grid",
+        "--models",
+        "minilm-int8",
+        "--lengths",
+        "16,128",
+        "--concurrency",
+        "1,4",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0.2",
+        "--rounds",
+        "2",
         timeout=900,
-        cwd=ROOT,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads((tmp_path / "grid.json").read_text())
     rows = {(r["backend"], r["tokens"], r["concurrency"]): r for r in report["summary"]}
     assert set(rows) == {
@@ -195,3 +181,40 @@ def test_bench_grid_runs_every_backend_and_length_with_accuracy(tmp_path: Path) 
     )
     assert "onnx-int8" in out.stdout and "vs torch" in out.stdout
     assert (tmp_path / "grid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_ray_measures_overhead_and_scaling(tmp_path: Path) -> None:
+    """--ray (tiny counts, one round): a Ray node per phase, ours deployed by `serve --ray`,
+    every run answered without errors, ratios from the same round, nothing of Ray left."""
+    import json
+
+    from tests.utils import live_pids
+
+    run_bench(
+        tmp_path,
+        "--ray",
+        "--inputs",
+        "4",
+        "--concurrency",
+        "2",
+        "--duration",
+        "1",
+        "--warmup",
+        "0.5",
+        "--rounds",
+        "1",
+        timeout=900,
+    )
+    report = json.loads((tmp_path / "ray-serve.json").read_text())
+    assert report["inputs_per_request"] == 4 and report["concurrency"] == 2
+    (overhead,) = report["overhead"]["rounds"]
+    (scaling,) = report["scaling"]["rounds"]
+    runs = [overhead["single"], overhead["ray"], scaling["ray_1"], scaling["ray_2"]]
+    runs.append(scaling["single"])
+    assert all(r["errors"] == 0 and r["requests"] > 0 for r in runs), runs
+    ratio = overhead["ray"]["inputs_per_s"] / overhead["single"]["inputs_per_s"]
+    assert report["overhead"]["ray_vs_single"]["median"] == pytest.approx(ratio, abs=1e-3)
+    assert report["scaling"]["two_vs_one_replica"]["median"] == pytest.approx(
+        scaling["ray_2"]["inputs_per_s"] / scaling["ray_1"]["inputs_per_s"], abs=1e-3
+    )
+    assert not live_pids(b"/tmp/rb-"), "Ray processes left behind"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -134,6 +135,11 @@ class RemoteServer:
         self.stop()
 
 
+def _key(key: str) -> str:
+    """A TOML key: bare where it may be, else quoted (`"node:__internal_head__"`)."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
 def _toml(value: Any) -> str:
     """One TOML value: strings (JSON's escapes are TOML's), numbers, booleans, arrays, inline
     tables, and paths as strings."""
@@ -144,7 +150,7 @@ def _toml(value: Any) -> str:
     if isinstance(value, (str, Path)):
         return json.dumps(str(value))
     if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_key(k)} = {_toml(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     raise TypeError(f"no TOML for {value!r}")

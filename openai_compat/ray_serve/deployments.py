@@ -5,25 +5,23 @@ through DeploymentHandles; ray_serve/remote.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
-import time
+from collections.abc import Iterator
 from typing import Any
 
 from openai_compat import cpus, logs, memory
-from openai_compat.engine import adapter, late
-from openai_compat.errors import APIError, api_error_response, family_of
+from openai_compat.engine import adapter, feeder, late
 from openai_compat.loading import ModelLoader, stop_engines
-from openai_compat.ray_serve.remote import ENTRY_FIELDS, pack, remote_entry
+from openai_compat.metrics import Metrics
+from openai_compat.ray_serve.batch import BatchServer, with_batch_api
+from openai_compat.ray_serve.metrics import RayMetricsExport
+from openai_compat.ray_serve.remote import ENTRY_FIELDS, pack, remote_app
 from openai_compat.registry import ModelEntry, Registry
-from openai_compat.settings import ModelConfig, RayOptions, Settings
-from openai_compat.tokens import Cl100kDecoder
+from openai_compat.settings import RayOptions, Settings
 
 logger = logging.getLogger("openai_compat")
-
-# The Batch API keeps its jobs in one process's data dir; on Ray its lines run with
-# `openai-compat batch --ray` (Ray Data) instead.
-BATCH_PATHS = ("/v1/files", "/v1/batches", "/files", "/batches")
 
 
 class ModelServer:
@@ -40,7 +38,23 @@ class ModelServer:
         self.registry = Registry([config])
         self.entry: ModelEntry = await ModelLoader(self.registry, settings.exports())(config)
         self.registry.add(self.entry)
+        # This replica's own metrics (engine queue, inputs, in flight, load time), exported
+        # through Ray's metrics agent with its deployment and replica tags (ray_serve/metrics.py)
+        self.metrics = Metrics(self.registry)
+        self.export = RayMetricsExport.running(self.metrics.registry)
         logger.info("replica of %r ready (%d threads)", name, threads)
+
+    @contextlib.contextmanager
+    def _serving(self, method: str, inputs: int, background: bool) -> Iterator[None]:
+        """A call's inputs count as queued and in flight while it runs (never refused: the
+        ingress admits), and as served by `method` once answered. A Batch API line's
+        (`background`) waits for live calls in the feeder, as on one machine."""
+        with contextlib.ExitStack() as stack:
+            if background:
+                stack.enter_context(feeder.background())
+            stack.enter_context(self.entry.admit(inputs, 0))
+            yield
+        self.metrics.inputs.labels(self.entry.name, method).inc(inputs)
 
     def describe(self) -> dict[str, Any]:
         entry = self.entry
@@ -57,32 +71,49 @@ class ModelServer:
             **{field: getattr(entry, field) for field in ENTRY_FIELDS},
         }
 
-    async def embed(self, texts: list[str]) -> tuple[dict[str, Any], int]:
-        vectors, usage = await self.entry.embed(texts)
+    async def embed(self, texts: list[str], background: bool = False) -> tuple[dict[str, Any], int]:
+        with self._serving("embed", len(texts), background):
+            vectors, usage = await self.entry.embed(texts)
         return pack(vectors), usage
 
-    async def image_embed(self, images: list[Any]) -> tuple[dict[str, Any], int]:
-        vectors, usage = await self.entry.engine.image_embed(images=images)
+    async def image_embed(
+        self, images: list[Any], background: bool = False
+    ) -> tuple[dict[str, Any], int]:
+        with self._serving("image_embed", len(images), background):
+            vectors, usage = await self.entry.engine.image_embed(images=images)
         return pack(vectors), usage
 
-    async def audio_embed(self, audios: list[Any]) -> tuple[dict[str, Any], int]:
-        vectors, usage = await self.entry.engine.audio_embed(audios=audios)
+    async def audio_embed(
+        self, audios: list[Any], background: bool = False
+    ) -> tuple[dict[str, Any], int]:
+        with self._serving("audio_embed", len(audios), background):
+            vectors, usage = await self.entry.engine.audio_embed(audios=audios)
         return pack(vectors), usage
 
-    async def rerank(self, query: str, docs: list[str]) -> tuple[list[tuple[int, float]], int]:
-        results, usage = await self.entry.engine.rerank(query=query, docs=docs)
+    async def rerank(
+        self, query: str, docs: list[str], background: bool = False
+    ) -> tuple[list[tuple[int, float]], int]:
+        with self._serving("rerank", len(docs), background):
+            results, usage = await self.entry.engine.rerank(query=query, docs=docs)
         return [(int(r.index), float(r.relevance_score)) for r in results], usage
 
-    async def classify(self, sentences: list[Any]) -> tuple[list[Any], int]:
-        result: tuple[list[Any], int] = await self.entry.engine.classify(sentences=sentences)
+    async def classify(
+        self, sentences: list[Any], background: bool = False
+    ) -> tuple[list[Any], int]:
+        with self._serving("classify", len(sentences), background):
+            result: tuple[list[Any], int] = await self.entry.engine.classify(sentences=sentences)
         return result
 
-    async def logits(self, texts: list[Any]) -> list[list[dict[str, Any]]]:
+    async def logits(
+        self, texts: list[Any], background: bool = False
+    ) -> list[list[dict[str, Any]]]:
         assert self.entry.logits is not None
-        return await self.entry.logits.logits(texts)
+        with self._serving("logits", len(texts), background):
+            return await self.entry.logits.logits(texts)
 
-    async def token_vectors(self, texts: list[str]) -> list[Any]:
-        return await late.token_vectors(adapter.replica_of(self.entry.engine), texts)
+    async def token_vectors(self, texts: list[str], background: bool = False) -> list[Any]:
+        with self._serving("token_vectors", len(texts), background):
+            return await late.token_vectors(adapter.replica_of(self.entry.engine), texts)
 
     def check_health(self) -> None:
         """Ray's health check: a replica whose engine died is replaced."""
@@ -90,71 +121,25 @@ class ModelServer:
             raise RuntimeError(f"the engine of {self.entry.name!r} stopped")
 
     async def __del__(self) -> None:
+        await self.export.stop()
         await stop_engines(self.registry)
 
 
-class BatchNotServed(APIError):
-    status = 501
-    type = "invalid_request_error"
-    default_code = "not_served_on_ray"
-
-
-def without_batch_api(app: Any) -> Any:
-    """The app, with the Batch API's routes answered 501 and a pointer to its Ray path."""
-
-    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        path = scope.get("path", "")
-        if scope["type"] == "http" and path.startswith(BATCH_PATHS):
-            error = BatchNotServed(
-                "The Batch API is not served by `openai-compat serve --ray`: its job state "
-                "lives in one process. Run batch files on the cluster with `openai-compat "
-                "batch INPUT -o OUTPUT --ray` (Ray Data), or on a single-process server.",
-                param=None,
-            )
-            await api_error_response(error, family_of(path))(scope, receive, send)
-            return
-        await app(scope, receive, send)
-
-    return wrapped
-
-
-async def _describe(handle: Any, config: ModelConfig, limit: float = 600.0) -> dict[str, Any]:
-    """A model deployment's description, from a replica running `config`: during a rollout
-    a call may still reach an old replica, whose model is configured otherwise."""
-    deadline = time.monotonic() + limit
-    while True:
-        description: dict[str, Any] = await handle.describe.remote()
-        if description["config"] == config:
-            return description
-        if time.monotonic() > deadline:  # Serve retries the constructor
-            raise RuntimeError(f"model {config.served_name!r}: no replica runs this config")
-        await asyncio.sleep(1.0)
-
-
 class Ingress:
-    """Our whole app on a registry of remote entries, one per model deployment."""
+    """Our whole app on a registry of remote entries, one per model deployment; its Files
+    and Batch API requests go to the BatchServer (ray_serve/batch.py)."""
 
     async def __init__(  # type: ignore[misc]
-        self, settings: Settings, names: list[str], *handles: Any
+        self, settings: Settings, names: list[str], batch: Any, *handles: Any
     ) -> None:
-        from openai_compat.app import create_app
-        from openai_compat.cache import EmbeddingCache
-
-        configs = {c.served_name: c for c in settings.served_models()}
-        descriptions = await asyncio.gather(
-            *(_describe(h, configs[n]) for n, h in zip(names, handles, strict=True))
-        )
-        cl100k = await asyncio.to_thread(Cl100kDecoder)
-        registry = Registry(settings.served_models())
-        if settings.cache_bytes:
-            registry.cache = EmbeddingCache(settings.cache_bytes)
-        for name, description, handle in zip(names, descriptions, handles, strict=True):
-            assert description["config"].served_name == name
-            registry.add(remote_entry(description, handle, cl100k))
-        self.asgi = without_batch_api(create_app(settings, registry))
+        app, self.export = await remote_app(settings, names, handles, batch_runner=False)
+        self.asgi = with_batch_api(app, batch)
 
     def __serve_build_asgi_app__(self) -> Any:
         return self.asgi
+
+    async def __del__(self) -> None:
+        await self.export.stop()
 
 
 def _scaling(options: RayOptions) -> dict[str, Any]:
@@ -199,18 +184,30 @@ def deployment_name(model: str) -> str:
 
 
 def application(settings: Settings) -> Any:
-    """The Ray Serve application: the ingress and one deployment per configured model."""
+    """The Ray Serve application: the ingress, one deployment per configured model, and the
+    batch server (the Files and Batch APIs, one replica where the data dir is)."""
     names = [c.served_name for c in settings.served_models()]
     models = [model_deployment(settings, name) for name in names]
-    options = settings.ray_ingress
-    extra = _scaling(options)
     from ray import serve
 
+    batch_options = settings.ray_batch
+    batch = (
+        _deployment(BatchServer)
+        .options(
+            name="batch",
+            num_replicas=1,
+            ray_actor_options=batch_options.ray_actor_options,
+            max_ongoing_requests=batch_options.max_ongoing_requests or 1024,
+            graceful_shutdown_timeout_s=settings.graceful_timeout,
+        )
+        .bind(settings, names, *models)
+    )
+    options = settings.ray_ingress
     ingress = _deployment(serve.ingress()(Ingress))
     return ingress.options(
         name="ingress",
         ray_actor_options=options.ray_actor_options,
         max_ongoing_requests=options.max_ongoing_requests or 512,
         graceful_shutdown_timeout_s=settings.graceful_timeout,
-        **extra,
-    ).bind(settings, names, *models)
+        **_scaling(options),
+    ).bind(settings, names, batch, *models)

@@ -76,9 +76,16 @@ def _wait_running(serve: Any, settings: Settings, limit: float = 1800.0) -> str:
     """Until the application runs or fails (a model that cannot load fails its replicas'
     constructors: Ray reports DEPLOY_FAILED with their error)."""
     deadline = time.monotonic() + limit
+    said: set[str] = set()
     while True:
         app = serve.status().applications.get(APP_NAME)
         state = str(getattr(app, "status", "NOT_STARTED")).rsplit(".", 1)[-1]
+        for name, dep in (app.deployments if app is not None else {}).items():
+            # e.g. a replica that cannot be placed: "... taken more than 30s to be scheduled
+            # ... Resources required for each replica: ..., total resources available: ..."
+            if dep.message and dep.message not in said and state == "DEPLOYING":
+                said.add(dep.message)
+                print(f"openai-compat: waiting for {name}: {dep.message}", file=sys.stderr)
         if state in ("RUNNING", "DEPLOY_FAILED", "UNHEALTHY") or time.monotonic() > deadline:
             if state != "RUNNING" and app is not None:
                 print(f"openai-compat: {app.message}", file=sys.stderr)

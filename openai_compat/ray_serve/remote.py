@@ -14,15 +14,20 @@ numpy's pickling drops the attributes of TokenCountedArray.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 
+from openai_compat.engine.feeder import in_background
 from openai_compat.engine.usage import TokenCountedArray
 from openai_compat.errors import ServiceUnavailable
-from openai_compat.registry import ModelEntry
+from openai_compat.ray_serve.metrics import RayMetricsExport
+from openai_compat.registry import ModelEntry, Registry
+from openai_compat.settings import ModelConfig, Settings
 from openai_compat.sparse import SparseVector
 from openai_compat.tokens import Cl100kDecoder, ModelTokenIdDecoder, TokenCounter
 
@@ -88,9 +93,11 @@ class RemoteEngine:
         self.pooling_mode: str | None = description.get("pooling_mode")
 
     async def _call(self, method: str, *args: Any) -> Any:
+        """One call to the deployment; a Batch API line's (inside feeder.background()) says
+        so, and the model replica runs it after live requests."""
         call: Callable[..., Awaitable[Any]] = getattr(self.handle, method).remote
         try:
-            return await call(*args)
+            return await call(*args, background=in_background())
         except Exception as exc:
             if any(t.__name__ in _UNAVAILABLE for t in type(exc).__mro__):
                 raise ServiceUnavailable(
@@ -189,3 +196,47 @@ ENTRY_FIELDS = (
     "created",
     "load_seconds",
 )
+
+
+async def _describe(handle: Any, config: ModelConfig, limit: float = 600.0) -> dict[str, Any]:
+    """A model deployment's description, from a replica running `config`: during a rollout
+    a call may still reach an old replica, whose model is configured otherwise."""
+    deadline = time.monotonic() + limit
+    while True:
+        description: dict[str, Any] = await handle.describe.remote()
+        if description["config"] == config:
+            return description
+        if time.monotonic() > deadline:  # Serve retries the constructor
+            raise RuntimeError(f"model {config.served_name!r}: no replica runs this config")
+        await asyncio.sleep(1.0)
+
+
+async def remote_registry(settings: Settings, names: list[str], handles: Any) -> Registry:
+    """A registry of remote entries, one per model deployment (the ingress's and the batch
+    server's), described by replicas that run the current config."""
+    from openai_compat.cache import EmbeddingCache
+
+    configs = {c.served_name: c for c in settings.served_models()}
+    descriptions = await asyncio.gather(
+        *(_describe(h, configs[n]) for n, h in zip(names, handles, strict=True))
+    )
+    cl100k = await asyncio.to_thread(Cl100kDecoder)
+    registry = Registry(settings.served_models())
+    if settings.cache_bytes:
+        registry.cache = EmbeddingCache(settings.cache_bytes)
+    for name, description, handle in zip(names, descriptions, handles, strict=True):
+        assert description["config"].served_name == name
+        registry.add(remote_entry(description, handle, cl100k))
+    return registry
+
+
+async def remote_app(
+    settings: Settings, names: list[str], handles: Any, *, batch_runner: bool
+) -> tuple[Any, RayMetricsExport]:
+    """Our app on a registry of remote entries (the ingress's, the batch server's), and the
+    export of its metrics to Ray (ray_serve/metrics.py)."""
+    from openai_compat.app import create_app
+
+    registry = await remote_registry(settings, names, handles)
+    app = create_app(settings, registry, batch_runner=batch_runner)
+    return app, RayMetricsExport.running(app.state.metrics.registry)

@@ -116,15 +116,22 @@ def server_env() -> dict[str, str]:
     return {**os.environ, **SERVER_ENV, "OMP_NUM_THREADS": threads}
 
 
-def _start(name: str, cmd: list[str], port: int, workdir: Path) -> Server:
+def _start(
+    name: str, cmd: list[str], port: int, workdir: Path, cpus: set[int] | None = None
+) -> Server:
+    """A server process, pinned to `cpus` (default: the server CPUs) with one engine thread
+    per CPU."""
     log = workdir / f"{name}.log"
+    env = server_env()
+    if cpus is not None:
+        env["OMP_NUM_THREADS"] = str(len(cpus))
     proc = subprocess.Popen(
         cmd,
-        env=server_env(),
+        env=env,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=pin_to_server_cpus,
+        preexec_fn=pin_to_server_cpus if cpus is None else lambda: os.sched_setaffinity(0, cpus),
     )
     return Server(name, f"http://127.0.0.1:{port}", proc, log)
 
