@@ -6,8 +6,11 @@ of Ray is left afterwards."""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,6 +35,7 @@ from tests.utils import (
     assert_same_answer,
     free_port,
     live_pids,
+    off_loopback_sockets,
     strip_volatile,
     write_config,
 )
@@ -41,8 +45,15 @@ pytestmark = pytest.mark.slow
 TEXTS = ["A man is eating food.", "The stock market crashed today.", "東京は日本の首都です。"]
 
 
+# The nodes' address. Ray replaces 127.0.0.1 (and localhost) given as --node-ip-address with
+# the machine's interface address whenever clusters are on, and worker nodes need them on;
+# another loopback address is kept as given, so every Ray process advertises and dials
+# loopback only (checked: test_every_ray_process_stays_on_loopback).
+NODE_IP = "127.0.0.2"
+
+
 class Cluster:
-    """A head and a worker node, 1 CPU each, on 127.0.0.1."""
+    """A head and a worker node, 1 CPU each, on loopback (NODE_IP)."""
 
     def __init__(self) -> None:
         self.root = tempfile.mkdtemp(prefix="rs-", dir="/tmp")  # socket paths stay short
@@ -56,12 +67,11 @@ class Cluster:
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_ADDRESS": "",
         }
-        # Drivers (our CLI, the observer): Ray rewrites a 127.0.0.1 address, and the driver's
-        # own address, to the machine's interface address unless it thinks clusters are
-        # off, which keeps them on loopback (worker nodes refuse to start with it).
+        # Drivers (our CLI, the observer): with clusters "off" a driver takes a loopback
+        # address as its own instead of the interface's (worker nodes refuse to start so).
         self.driver_env = {**self.env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
         self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{NODE_IP}:{self.port}"
         self.metrics_ports: list[int] = []  # each node's metrics agent (Prometheus format)
         self._start("h", ["--head", f"--port={self.port}", "--include-dashboard=false"])
         self._start("w", [f"--address={self.address}"])
@@ -73,7 +83,7 @@ class Cluster:
             str(Path(sys.executable).with_name("ray")),
             "start",
             *extra,
-            "--node-ip-address=127.0.0.1",
+            f"--node-ip-address={NODE_IP}",
             "--num-cpus=1",
             f"--temp-dir={self.root}/{name}",
             "--disable-usage-stats",
@@ -404,7 +414,7 @@ def _exported(cluster: Cluster) -> list[list[Sample]]:
     """Each node's exported samples (Ray's metrics agent, the node's metrics port)."""
     out = []
     for port in cluster.metrics_ports:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        text = httpx.get(f"http://{NODE_IP}:{port}/metrics", timeout=30).text
         out.append([s for f in text_string_to_metric_families(text) for s in f.samples])
     return out
 
@@ -461,6 +471,43 @@ def test_every_replicas_metrics_reach_rays_export(on_ray: str, cluster: Cluster)
     assert ingress == own
     assert [len(x) for x in loads] == [1, 1] and loads[0] != loads[1], loads
     assert embedded >= 7
+
+
+def _cluster_pids(cluster: Cluster, observer: Observer) -> set[int]:
+    """The cluster's processes: its nodes' (their temp dirs are on their command lines),
+    Ray's workers (they rename themselves ray::...) and the observer driver."""
+    found = live_pids(cluster.root.encode()) | {observer.proc.pid}
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::"):
+                found.add(int(proc.name))
+    return found
+
+
+def _off(address: str) -> bool:
+    """An IPv4 address that is neither loopback nor 'any' (a version number is neither)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return not (ip.is_loopback or ip.is_unspecified)
+
+
+def test_every_ray_process_stays_on_loopback(
+    on_ray: str, cluster: Cluster, observer: Observer
+) -> None:
+    """After traffic through every part: no Ray process names an address off loopback on
+    its command line, and none holds a TCP connection to one."""
+    pids = _cluster_pids(cluster, observer)
+    assert len(pids) > 8, pids  # two nodes' daemons, the Serve actors, the observer
+    named = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            line = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            if off := [a for a in re.findall(r"\b\d+\.\d+\.\d+\.\d+\b", line) if _off(a)]:
+                named[pid] = off
+    assert not named, named
+    assert off_loopback_sockets(pids) == []
 
 
 def test_a_rollout_under_load_loses_nothing(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -240,4 +241,36 @@ def live_pids(marker: bytes) -> set[int]:
             continue
         if marker in cmdline and state != "Z":
             found.add(int(proc.name))
+    return found
+
+
+def _tcp_address(hexed: str) -> str:
+    """An address from /proc/net/tcp{,6} (little-endian 32-bit words) as text."""
+    host = bytes.fromhex(hexed.split(":")[0])
+    words = b"".join(host[i : i + 4][::-1] for i in range(0, len(host), 4))
+    return str(ipaddress.ip_address(words))
+
+
+def off_loopback_sockets(pids: set[int]) -> list[str]:
+    """The TCP connections of `pids` (listening sockets aside) whose peer is not on loopback:
+    'pid local -> peer' each (empty when every connection stays on 127.0.0.0/8 or ::1)."""
+    owner: dict[str, int] = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        owner[target[8:-1]] = pid
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()
+            local, peer, state, inode = fields[1], fields[2], fields[3], fields[9]
+            if inode not in owner or state == "0A":  # 0A: LISTEN
+                continue
+            address = ipaddress.ip_address(_tcp_address(peer))
+            mapped = getattr(address, "ipv4_mapped", None) or address
+            if not mapped.is_loopback:
+                found.append(f"{owner[inode]} {_tcp_address(local)} -> {mapped}")
     return found

@@ -30,6 +30,7 @@ class ModelServer:
 
     async def __init__(self, settings: Settings, name: str) -> None:  # type: ignore[misc]
         (config,) = [c for c in settings.served_models() if c.served_name == name]
+        logs.configure(settings.log_level, settings.log_format)  # a Ray worker: not our CLI
         await asyncio.to_thread(importlib.import_module, "infinity_emb")
         logs.reclaim_root()
         threads = cpus.engine_threads()  # Ray sets OMP_NUM_THREADS to the replica's num_cpus

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from openai_compat import logs
 from openai_compat.engine.feeder import in_background
 from openai_compat.engine.usage import TokenCountedArray
 from openai_compat.errors import ServiceUnavailable
@@ -237,6 +238,9 @@ async def remote_app(
     export of its metrics to Ray (ray_serve/metrics.py)."""
     from openai_compat.app import create_app
 
+    # a Ray worker process is not started by our CLI: take the settings' log level and format
+    # here (else infinity-emb's Rich console handler renders every access line at INFO)
+    logs.configure(settings.log_level, settings.log_format)
     registry = await remote_registry(settings, names, handles)
     app = create_app(settings, registry, batch_runner=batch_runner)
     return app, RayMetricsExport.running(app.state.metrics.registry)

@@ -75,13 +75,15 @@ class RayNode:
         }
         self.env.pop("OMP_NUM_THREADS", None)  # Ray gives each actor its num_cpus
         self.env.update(extra_env or {})  # e.g. a Ray Serve setting, for every process
-        # a driver keeps to 127.0.0.1 only while Ray thinks clusters are off
+        # a driver keeps to loopback only while Ray thinks clusters are off
         self.driver_env = {**self.env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-        self.address = f"127.0.0.1:{free_port()}"
+        # Ray replaces a --node-ip-address of 127.0.0.1 with the interface's address; another
+        # loopback address stays as given
+        self.address = f"127.0.0.2:{free_port()}"
         self.url = f"http://127.0.0.1:{free_port()}"
         self.log = workdir / f"ray-{len(cpus)}cpu{'-env' if extra_env else ''}.log"
         cmd = [self._ray(), "start", "--head", f"--port={self.address.rsplit(':', 1)[1]}"]
-        cmd += ["--node-ip-address=127.0.0.1", f"--num-cpus={len(cpus)}"]
+        cmd += ["--node-ip-address=127.0.0.2", f"--num-cpus={len(cpus)}"]
         cmd += ["--include-dashboard=false", "--disable-usage-stats"]
         cmd += [f"--temp-dir={self.root}/t", f"--dashboard-agent-listen-port={free_port()}"]
         cmd += [f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
