@@ -53,10 +53,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def configure(level: str, fmt: str = "text") -> None:
-    """Install our handler on the root logger (the CLI calls this once at start-up)."""
+def configure(level: str, fmt: str = "text", stream: Any = None) -> None:
+    """Install our handler on the root logger (the CLI calls this once at start-up), writing
+    to `stream` (sys.stderr when not given)."""
     global _handler
-    _handler = logging.StreamHandler(sys.stderr)
+    _handler = logging.StreamHandler(stream or sys.stderr)
     _handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     reclaim_root()
     logging.getLogger().setLevel(level.upper())

@@ -128,7 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="--ray overhead: also a second Ray node with this environment, same rounds",
+        help="--ray: the overhead phase also runs a second Ray node with this environment in "
+        "the same rounds; the scaling phase runs its node with it",
     )
     p.add_argument(
         "--ray-tokens",

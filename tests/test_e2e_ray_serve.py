@@ -34,6 +34,7 @@ from tests.utils import (
     RemoteServer,
     assert_same_answer,
     free_port,
+    haproxy_env,
     live_pids,
     off_loopback_sockets,
     strip_volatile,
@@ -52,10 +53,19 @@ TEXTS = ["A man is eating food.", "The stock market crashed today.", "東京は�
 NODE_IP = "127.0.0.2"
 
 
+# Ray Serve's two data planes: its Python HTTP proxy (the default), and the high-throughput
+# mode of Ray >= 2.55 (HAProxy in front, the ingress replicas serving HTTP themselves, gRPC
+# between replicas), which the nodes' environment turns on (docs/ray.md).
+MODES = {
+    "ray-proxy": {},
+    "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
+}
+
+
 class Cluster:
     """A head and a worker node, 1 CPU each, on loopback (NODE_IP)."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str]) -> None:
         self.root = tempfile.mkdtemp(prefix="rs-", dir="/tmp")  # socket paths stay short
         self.home = Path(self.root, "home")
         self.home.mkdir()
@@ -66,7 +76,10 @@ class Cluster:
             "RAY_AUTH_MODE": "disabled",
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_ADDRESS": "",
+            **env,
         }
+        if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+            self.env.update(haproxy_env(Path(self.root)))
         # Drivers (our CLI, the observer): with clusters "off" a driver takes a loopback
         # address as its own instead of the interface's (worker nodes refuse to start so).
         self.driver_env = {**self.env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -101,6 +114,10 @@ class Cluster:
     def stop(self) -> None:
         ray = str(Path(sys.executable).with_name("ray"))
         subprocess.run([ray, "stop", "--force"], env=self.env, capture_output=True, timeout=120)
+        for pid in live_pids(self.root.encode()):  # Ray 2.60's `ray stop` leaves HAProxy
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"/haproxy"):
+                    os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 30
         while live_pids(self.root.encode()) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -137,6 +154,7 @@ def config(tmp_path_factory: pytest.TempPathFactory, trained_models: dict[str, P
         path,
         models,
         data_dir=str(path.with_name("batch-data")),  # the batch server's, on the head node
+        log_format="json",  # the replicas log as configured (not the engine's Rich console)
         # whatever lands on one node leaves room for a minilm replica (0.4): 0.2 + 0.1 x 3
         ray_ingress={"ray_actor_options": {"num_cpus": 0.2}},
         ray_batch={
@@ -146,9 +164,10 @@ def config(tmp_path_factory: pytest.TempPathFactory, trained_models: dict[str, P
     return path
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    made = Cluster()
+@pytest.fixture(scope="module", params=list(MODES))
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The cluster in each of Ray Serve's modes, one after the other (every test in both)."""
+    made = Cluster(MODES[request.param])
     try:
         yield made
     finally:
@@ -471,6 +490,29 @@ def test_every_replicas_metrics_reach_rays_export(on_ray: str, cluster: Cluster)
     assert ingress == own
     assert [len(x) for x in loads] == [1, 1] and loads[0] != loads[1], loads
     assert embedded >= 7
+
+
+def test_the_replicas_log_in_the_configured_format(on_ray: str, cluster: Cluster) -> None:
+    """log_format = "json" holds in Ray's worker processes too: the ingress's access lines
+    (in the nodes' worker logs) are JSON objects with the request's fields, none rendered
+    by another handler."""
+    httpx.post(f"{on_ray}/v1/embeddings", json={"model": "minilm", "input": "logged"}, timeout=60)
+    deadline, lines = time.monotonic() + 30, []
+    while time.monotonic() < deadline:  # Ray flushes worker output to its files
+        lines = [
+            line
+            for file in Path(cluster.root).rglob("worker-*")
+            for line in file.read_text(errors="replace").splitlines()
+            if "openai_compat.access" in line
+        ]
+        if any('"/v1/embeddings"' in line for line in lines):
+            break
+        time.sleep(1)
+    records = [json.loads(line) for line in lines]  # every one a JSON object
+    embeds = [r for r in records if r.get("route") == "/v1/embeddings" and r["status"] == 200]
+    assert embeds, lines[-5:]
+    assert {"request_id", "latency_ms", "inputs", "tokens"} <= set(embeds[-1])
+    assert all(r["logger"] == "openai_compat.access" for r in records)
 
 
 def _cluster_pids(cluster: Cluster, observer: Observer) -> set[int]:

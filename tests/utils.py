@@ -274,3 +274,19 @@ def off_loopback_sockets(pids: set[int]) -> list[str]:
             if not mapped.is_loopback:
                 found.append(f"{owner[inode]} {_tcp_address(local)} -> {mapped}")
     return found
+
+
+def haproxy_env(root: Path) -> dict[str, str]:
+    """Ray Serve's HAProxy mode keeps its config, sockets and state under /tmp/haproxy-serve and
+    binds fixed metrics and stats ports (9101, 8404) on every node that runs a proxy: a node's
+    own, so that clusters on one machine do not collide."""
+    base = root / "haproxy"
+    return {
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{base}/haproxy.cfg",
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{base}/admin.sock",
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(base),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{base}/server-state",
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{base}/metrics.sock",
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+    }

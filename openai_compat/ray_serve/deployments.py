@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,7 +31,7 @@ class ModelServer:
 
     async def __init__(self, settings: Settings, name: str) -> None:  # type: ignore[misc]
         (config,) = [c for c in settings.served_models() if c.served_name == name]
-        logs.configure(settings.log_level, settings.log_format)  # a Ray worker: not our CLI
+        logs.configure(settings.log_level, settings.log_format, sys.__stderr__)  # see remote_app
         await asyncio.to_thread(importlib.import_module, "infinity_emb")
         logs.reclaim_root()
         threads = cpus.engine_threads()  # Ray sets OMP_NUM_THREADS to the replica's num_cpus

@@ -15,6 +15,7 @@ numpy's pickling drops the attributes of TokenCountedArray.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -239,8 +240,9 @@ async def remote_app(
     from openai_compat.app import create_app
 
     # a Ray worker process is not started by our CLI: take the settings' log level and format
-    # here (else infinity-emb's Rich console handler renders every access line at INFO)
-    logs.configure(settings.log_level, settings.log_format)
+    # here (else infinity-emb's Rich console handler renders every access line at INFO), onto
+    # the process's own stderr (Ray's worker log), which Serve may have swapped for its logger
+    logs.configure(settings.log_level, settings.log_format, sys.__stderr__)
     registry = await remote_registry(settings, names, handles)
     app = create_app(settings, registry, batch_runner=batch_runner)
     return app, RayMetricsExport.running(app.state.metrics.registry)

@@ -10,7 +10,7 @@ HOME and temp dir) pinned with sched_setaffinity like every benchmark server, an
 - scaling: a node on two cores with one model replica vs two (num_cpus 1 each: Ray gives each
   one thread), redeployed in place round after round; the single-process server on the same
   two cores (two engine threads) is the third row. On a 2-CPU machine the load generator
-  shares the second core here (said so in the result).
+  shares the second core here (said so in the result). With --ray-env the node runs with it.
 
 Every request carries --inputs texts (default 16), --concurrency in flight (default 16),
 --rounds alternated rounds (the order flips each round); texts are short sentences, or of
@@ -75,6 +75,17 @@ class RayNode:
         }
         self.env.pop("OMP_NUM_THREADS", None)  # Ray gives each actor its num_cpus
         self.env.update(extra_env or {})  # e.g. a Ray Serve setting, for every process
+        if self.env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+            # HAProxy's files and fixed metrics/stats ports (/tmp/haproxy-serve, 9101, 8404)
+            # are the machine's: this node gets its own, beside a second node
+            hap = self.root / "haproxy"
+            for key, value in (("CONFIG_FILE_LOC", "haproxy.cfg"), ("SOCKET_PATH", "admin.sock")):
+                self.env[f"RAY_SERVE_HAPROXY_{key}"] = f"{hap}/{value}"
+            self.env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"] = str(hap)
+            self.env["RAY_SERVE_HAPROXY_SERVER_STATE_FILE"] = f"{hap}/server-state"
+            self.env["RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH"] = f"{hap}/metrics.sock"
+            self.env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
+            self.env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
         # a driver keeps to loopback only while Ray thinks clusters are off
         self.driver_env = {**self.env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
         # Ray replaces a --node-ip-address of 127.0.0.1 with the interface's address; another
@@ -132,6 +143,7 @@ class RayNode:
         subprocess.run(
             [self._ray(), "stop", "--force"], env=self.env, capture_output=True, timeout=120
         )
+        subprocess.run(["pkill", "-TERM", "-f", f"haproxy -db -f {self.root}/"], check=False)
         deadline = time.monotonic() + 30
         while _running(str(self.root).encode()) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -188,6 +200,8 @@ def _group(cmdline: list[str]) -> str:
         return "replica " + first.rsplit(":", 1)[-1]
     if first.startswith("ray::ProxyActor"):
         return "ray proxy"
+    if first.endswith("/haproxy"):  # RAY_SERVE_ENABLE_HA_PROXY=1: the proxy's data plane
+        return "haproxy"
     if "bench.py" in line:
         return "load generator"
     if "openai_compat serve --ray" in line:
@@ -306,7 +320,8 @@ async def _overhead(args: argparse.Namespace, sc: Scenario, workdir: Path) -> di
 async def _scaling(args: argparse.Namespace, sc: Scenario, workdir: Path) -> dict[str, Any]:
     cpus = set(sorted(args.server_cpus | args.gen_cpus)[:2])
     configs = {n: _config(workdir / f"ray-{n}.toml", n) for n in (1, 2)}
-    node = RayNode(cpus, workdir)
+    env = dict(kv.split("=", 1) for kv in args.ray_env)
+    node = RayNode(cpus, workdir, env or None)
     single = _single(configs[1], cpus, workdir)
     rounds = []
     try:
@@ -341,6 +356,7 @@ async def _scaling(args: argparse.Namespace, sc: Scenario, workdir: Path) -> dic
         node.stop()
     return {
         "cpus": sorted(cpus),
+        "ray_env": args.ray_env,
         "generator_shares_a_server_cpu": bool(args.gen_cpus & cpus),
         "rounds": rounds,
         "two_vs_one_replica": _spread([r["ratio_2_vs_1"] for r in rounds]),
