@@ -154,6 +154,7 @@ def config(tmp_path_factory: pytest.TempPathFactory, trained_models: dict[str, P
         path,
         models,
         data_dir=str(path.with_name("batch-data")),  # the batch server's, on the head node
+        log_format="json",  # the replicas log as configured (not the engine's Rich console)
         # whatever lands on one node leaves room for a minilm replica (0.4): 0.2 + 0.1 x 3
         ray_ingress={"ray_actor_options": {"num_cpus": 0.2}},
         ray_batch={
@@ -489,6 +490,29 @@ def test_every_replicas_metrics_reach_rays_export(on_ray: str, cluster: Cluster)
     assert ingress == own
     assert [len(x) for x in loads] == [1, 1] and loads[0] != loads[1], loads
     assert embedded >= 7
+
+
+def test_the_replicas_log_in_the_configured_format(on_ray: str, cluster: Cluster) -> None:
+    """log_format = "json" holds in Ray's worker processes too: the ingress's access lines
+    (in the nodes' worker logs) are JSON objects with the request's fields, none rendered
+    by another handler."""
+    httpx.post(f"{on_ray}/v1/embeddings", json={"model": "minilm", "input": "logged"}, timeout=60)
+    deadline, lines = time.monotonic() + 30, []
+    while time.monotonic() < deadline:  # Ray flushes worker output to its files
+        lines = [
+            line
+            for file in Path(cluster.root).rglob("worker-*")
+            for line in file.read_text(errors="replace").splitlines()
+            if "openai_compat.access" in line
+        ]
+        if any('"/v1/embeddings"' in line for line in lines):
+            break
+        time.sleep(1)
+    records = [json.loads(line) for line in lines]  # every one a JSON object
+    embeds = [r for r in records if r.get("route") == "/v1/embeddings" and r["status"] == 200]
+    assert embeds, lines[-5:]
+    assert {"request_id", "latency_ms", "inputs", "tokens"} <= set(embeds[-1])
+    assert all(r["logger"] == "openai_compat.access" for r in records)
 
 
 def _cluster_pids(cluster: Cluster, observer: Observer) -> set[int]:

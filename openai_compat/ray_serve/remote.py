@@ -15,6 +15,7 @@ numpy's pickling drops the attributes of TokenCountedArray.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -239,9 +240,12 @@ async def remote_app(
     export of its metrics to Ray (ray_serve/metrics.py)."""
     from openai_compat.app import create_app
 
-    # a Ray worker process is not started by our CLI: take the settings' log level and format
-    # here (else infinity-emb's Rich console handler renders every access line at INFO), onto
-    # the process's own stderr (Ray's worker log), which Serve may have swapped for its logger
+    # The engine's package is imported by the request path (its exception types) and sets up
+    # logging when imported: import it now, off the loop (not in the first request: seconds),
+    # then take the settings' log level and format, as a Ray worker is not started by our CLI
+    # (else infinity-emb's Rich console handler renders every access line), onto the
+    # process's own stderr (Ray's worker log), which Serve may have swapped for its logger.
+    await asyncio.to_thread(importlib.import_module, "infinity_emb")
     logs.configure(settings.log_level, settings.log_format, sys.__stderr__)
     registry = await remote_registry(settings, names, handles)
     app = create_app(settings, registry, batch_runner=batch_runner)
