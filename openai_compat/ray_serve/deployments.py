@@ -4,21 +4,18 @@ through DeploymentHandles; ray_serve/remote.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import importlib
 import logging
-import sys
 from collections.abc import Iterator
 from typing import Any
 
-from openai_compat import cpus, logs, memory
+from openai_compat import cpus, memory
 from openai_compat.engine import adapter, feeder, late
 from openai_compat.loading import ModelLoader, stop_engines
 from openai_compat.metrics import Metrics
 from openai_compat.ray_serve.batch import BatchServer, with_batch_api
 from openai_compat.ray_serve.metrics import RayMetricsExport
-from openai_compat.ray_serve.remote import ENTRY_FIELDS, pack, remote_app
+from openai_compat.ray_serve.remote import ENTRY_FIELDS, pack, remote_app, worker_start
 from openai_compat.registry import ModelEntry, Registry
 from openai_compat.settings import RayOptions, Settings
 
@@ -31,9 +28,7 @@ class ModelServer:
 
     async def __init__(self, settings: Settings, name: str) -> None:  # type: ignore[misc]
         (config,) = [c for c in settings.served_models() if c.served_name == name]
-        logs.configure(settings.log_level, settings.log_format, sys.__stderr__)  # see remote_app
-        await asyncio.to_thread(importlib.import_module, "infinity_emb")
-        logs.reclaim_root()
+        await worker_start(settings)
         threads = cpus.engine_threads()  # Ray sets OMP_NUM_THREADS to the replica's num_cpus
         cpus.apply_to_torch(threads)
         memory.freeze_imports()

@@ -201,6 +201,16 @@ ENTRY_FIELDS = (
 )
 
 
+async def worker_start(settings: Settings) -> None:
+    """The start of every replica (model, ingress, batch server): import the engine's package
+    off the loop (the request path needs its exception types: not seconds into the first
+    request), then our logging, as a Ray worker is not started by our CLI. The import installs
+    infinity-emb's Rich console handler, hence after it; onto the process's own stderr (Ray's
+    worker log), which Serve may have swapped for its logger."""
+    await asyncio.to_thread(importlib.import_module, "infinity_emb")
+    logs.configure(settings.log_level, settings.log_format, sys.__stderr__)
+
+
 async def _describe(handle: Any, config: ModelConfig, limit: float = 600.0) -> dict[str, Any]:
     """A model deployment's description, from a replica running `config`: during a rollout
     a call may still reach an old replica, whose model is configured otherwise."""
@@ -240,13 +250,7 @@ async def remote_app(
     export of its metrics to Ray (ray_serve/metrics.py)."""
     from openai_compat.app import create_app
 
-    # The engine's package is imported by the request path (its exception types) and sets up
-    # logging when imported: import it now, off the loop (not in the first request: seconds),
-    # then take the settings' log level and format, as a Ray worker is not started by our CLI
-    # (else infinity-emb's Rich console handler renders every access line), onto the
-    # process's own stderr (Ray's worker log), which Serve may have swapped for its logger.
-    await asyncio.to_thread(importlib.import_module, "infinity_emb")
-    logs.configure(settings.log_level, settings.log_format, sys.__stderr__)
+    await worker_start(settings)
     registry = await remote_registry(settings, names, handles)
     app = create_app(settings, registry, batch_runner=batch_runner)
     return app, RayMetricsExport.running(app.state.metrics.registry)
