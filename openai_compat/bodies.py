@@ -49,14 +49,26 @@ def as_request_error(errors: Sequence[Any]) -> RequestValidationError:
     return RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors])
 
 
+def _ints(values: list[int]) -> Any:
+    """Ints as the smallest of int32/int64 arrays that holds them (the transfer back is half
+    the size for token ids); ints past int64 stay a list, for the route to refuse by name."""
+    try:
+        array = np.asarray(values, dtype=np.int64)
+    except OverflowError:
+        return values
+    if len(array) and array.min() >= -(2**31) and array.max() < 2**31:
+        return array.astype(np.int32)
+    return array
+
+
 def _compact(value: Any) -> Any:
-    """Token-id lists as int64 arrays (cheap to send back); everything else as it is."""
+    """Token-id lists as int arrays (cheap to send back); everything else as it is."""
     if isinstance(value, list) and value:
         first = value[0]
         if isinstance(first, int) and not isinstance(first, bool):
-            return np.asarray(value, dtype=np.int64)
+            return _ints(value)
         if isinstance(first, list) and first and isinstance(first[0], int):
-            return [np.asarray(v, dtype=np.int64) for v in value]
+            return [_ints(v) for v in value]
     return value
 
 

@@ -3,6 +3,8 @@ result and the same errors either way."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import orjson
 import pytest
@@ -50,6 +52,16 @@ async def test_big_token_id_bodies_come_back_as_arrays(parser: BodyParser) -> No
     flat = list(range(300_000))
     req = await parser.parse(_big({"model": "m", "input": flat}), EmbeddingRequest)
     assert isinstance(req.input, np.ndarray) and req.input.tolist() == flat
+    assert req.input.dtype == np.int32  # half the bytes to send back
+    wide = [2**40, *flat]  # past int32: int64; past int64: the ints as sent
+    req = await parser.parse(_big({"model": "m", "input": wide}), EmbeddingRequest)
+    assert req.input.dtype == np.int64 and req.input.tolist() == wide  # type: ignore[union-attr]
+    huge = [[7, 8], [2**70, *flat]]
+    raw = json.dumps({"model": "m", "input": huge}).encode()  # orjson stops at 64 bits
+    assert len(raw) > bodies.INLINE_BYTES
+    req = await parser.parse(raw, EmbeddingRequest)
+    assert isinstance(req.input, list) and req.input[1] == huge[1]
+    assert isinstance(req.input[0], np.ndarray) and req.input[0].tolist() == [7, 8]
 
 
 async def test_big_and_small_invalid_bodies_fail_alike(parser: BodyParser) -> None:

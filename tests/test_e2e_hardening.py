@@ -3,6 +3,7 @@ biggest allowed request is parsed, decoded and tokenised; uploads cut short are 
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -78,9 +79,7 @@ JSON = {"Content-Type": "application/json"}
 
 
 @pytest.mark.parametrize("kind", ["long texts", "token ids"])
-def test_health_answers_within_100ms_during_a_maximum_size_request(
-    server: RemoteServer, kind: str
-) -> None:
+def test_health_stays_fast_during_a_maximum_size_request(server: RemoteServer, kind: str) -> None:
     if kind == "long texts":
         payload: object = [f"{i} " + "word " * 199_000 for i in range(16)]  # 16 x ~1 MB
     else:
@@ -96,7 +95,7 @@ def test_health_answers_within_100ms_during_a_maximum_size_request(
     assert len(data["data"]) == len(payload)
     assert data["usage"]["prompt_tokens"] == 256 * len(payload)  # truncated to the model's max
     assert len(latencies) >= 5
-    assert max(latencies) < 0.1, sorted(latencies)[-5:]
+    _assert_probes_fast(latencies)
 
 
 def test_a_client_gone_while_uploading_is_a_499_not_a_500(server: RemoteServer) -> None:
@@ -156,6 +155,24 @@ def test_int_lists_answer_the_same_in_a_body_over_1_mib(
         assert big["usage"] == small["usage"]
     else:
         assert big == small
+
+
+@pytest.mark.parametrize(("path", "body"), INT_LIST_ROUTES, ids=lambda v: str(v)[:40])
+def test_ids_past_64_bits_are_the_routes_4xx_in_a_body_of_any_size(
+    server: RemoteServer, path: str, body: dict[str, object]
+) -> None:
+    """A token id past int64 (JSON has no limit) is the route's client error, also when the
+    body is parsed in a worker process, which hands ids back as int arrays."""
+    field = next(k for k, v in body.items() if isinstance(v, list))
+    value: list[object] = list(body[field])  # type: ignore[call-overload]
+    value[-1] = [*value[-1], 2**70] if isinstance(value[-1], list) else 2**70
+    raw = json.dumps({**body, field: value}).encode()  # orjson writes at most 64 bits
+    tei = path in ("/embed", "/decode")  # TEI's 422 Validation; else OpenAI's 400
+    for content in (raw, raw[:-1] + b" " * (1024 * 1024 + 10) + b"}"):
+        r = httpx.post(server.url + path, content=content, headers=JSON, timeout=60)
+        assert r.status_code == (422 if tei else 400), (len(content), r.text[:300])
+        error = r.json()["error"]
+        assert error if tei else error["param"] == field, r.text[:300]
 
 
 def test_tei_decode_of_600k_ids(server: RemoteServer) -> None:

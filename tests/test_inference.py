@@ -82,6 +82,27 @@ async def test_one_token_id_array_is_one_input_however_long(cl100k: Cl100kDecode
         await inference.texts_from_input([], entry, SETTINGS)
 
 
+def test_long_id_arrays_decode_in_pieces_as_one_call_would(cl100k: Cl100kDecoder) -> None:
+    """Big inputs are decoded a piece at a time (so no C call holds the GIL for long): a
+    character whose bytes span two tokens at a piece's edge still decodes whole."""
+    from openai_compat.tokens import _PIECE
+
+    enc = cl100k._enc
+    ids = enc.encode("日本語の🙂テキスト, " * 4000)
+    period = len(enc.encode("日本語の🙂テキスト, "))
+    # tokens holding only part of a character exist, so some shift puts one at a piece's edge
+    assert any(not enc.decode_single_token_bytes(t).decode("utf-8", "ignore") for t in ids)
+    assert len(ids) > 2 * _PIECE
+    for shift in range(period):
+        arr = np.asarray([*enc.encode("a") * shift, *ids], dtype=np.int64)
+        (text,) = cl100k.decode([arr])
+        assert text == "a" * shift + "日本語の🙂テキスト, " * 4000
+    bad = np.asarray([*ids, 100_300_000], dtype=np.int64)
+    with pytest.raises(BadRequest, match=r"input\[1\] holds token id 100300000") as info:
+        cl100k.decode([ids[:5], bad])
+    assert info.value.code == "invalid_token_id"
+
+
 async def test_token_ids_on_a_model_that_refuses_them() -> None:
     with pytest.raises(BadRequest) as info:
         await inference.texts_from_input([1, 2, 3], _entry(), SETTINGS)
