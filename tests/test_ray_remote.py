@@ -23,6 +23,12 @@ from openai_compat.ray_serve.remote import RemoteEngine, pack, unpack
 from openai_compat.sparse import SparseVector
 from tests.utils import assert_same_answer, strip_volatile
 
+# The deployments' async __del__ is Ray Serve's shutdown hook: the fixtures await it, as Serve
+# does, and Python's own call at collection then makes a coroutine nobody awaits.
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:coroutine '\w+\.__del__' was never awaited:RuntimeWarning"
+)
+
 
 def test_vectors_keep_their_token_counts_and_norms_across_the_wire() -> None:
     a = np.arange(4, dtype=np.float32).view(TokenCountedArray)
@@ -43,6 +49,9 @@ class ActorDiedError(Exception):
 
 
 class Failing:
+    """A handle whose replica is gone: like Ray's, `.remote()` returns at once, and the
+    response raises when awaited or, streamed, when iterated."""
+
     def __init__(self, exc: Exception) -> None:
         self.exc = exc
 
@@ -50,11 +59,25 @@ class Failing:
         return self
 
     def __getattr__(self, method: str) -> Any:
-        outer = self
+        exc = self.exc
+
+        class Response:
+            def __await__(self) -> Any:
+                raise exc
+                yield  # a generator, as __await__ must be
+
+            def __aiter__(self) -> Response:
+                return self
+
+            async def __anext__(self) -> Any:
+                raise exc
+
+            def cancel(self) -> None:
+                pass
 
         class Call:
-            async def remote(self, *args: Any, **kwargs: Any) -> Any:
-                raise outer.exc
+            def remote(self, *args: Any, **kwargs: Any) -> Response:
+                return Response()
 
         return Call()
 
@@ -313,6 +336,7 @@ async def test_batch_server_limits_and_failures_reach_the_client(
         r = await client.get("/v1/batches")
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert r.json()["error"]["code"] == "batch_server_unavailable"
+    assert "(ActorDiedError)" in r.json()["error"]["message"]  # the replica's, not a TypeError
 
 
 def test_the_batch_server_is_one_replica_pinned_to_the_head_by_default(tmp_path: Path) -> None:
