@@ -103,6 +103,22 @@ def test_long_id_arrays_decode_in_pieces_as_one_call_would(cl100k: Cl100kDecoder
     assert info.value.code == "invalid_token_id"
 
 
+def test_model_ids_as_arrays_decode_and_refuse_as_lists_do(counter: TokenCounter) -> None:
+    """Big bodies hand ids over as int32 arrays (bodies.py): the same text, the same 400."""
+    ids = [101, 2023, 2003, 1037, 3231, 102]
+    as_list = counter.decode([ids], skip_special_tokens=True, param="ids")
+    as_array = counter.decode([np.asarray(ids, np.int32)], skip_special_tokens=True, param="ids")
+    assert as_array == as_list == ["this is a test"]
+    for bad in (30522, -1):
+        for form in (list, lambda v: np.asarray(v, np.int32)):
+            with pytest.raises(BadRequest, match=rf"ids\[1\] holds token id {bad}, outside"):
+                counter.decode([ids, form([*ids, bad])], skip_special_tokens=True, param="ids")
+    assert counter.decode([[], np.asarray([], np.int32)], skip_special_tokens=True, param="x") == [
+        "",
+        "",
+    ]
+
+
 async def test_token_ids_on_a_model_that_refuses_them() -> None:
     with pytest.raises(BadRequest) as info:
         await inference.texts_from_input([1, 2, 3], _entry(), SETTINGS)
