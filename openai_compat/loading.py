@@ -26,7 +26,8 @@ from openai_compat.lifecycle import in_daemon_thread
 from openai_compat.prompts import Prompts
 from openai_compat.registry import Capability, EngineFailure, ModelEntry, Registry
 from openai_compat.settings import BACKENDS, ModelConfig, default_export_dir
-from openai_compat.tokens import Cl100kDecoder, ModelTokenIdDecoder, TokenCounter
+from openai_compat.token_ids import Cl100kDecoder, ModelTokenIdDecoder
+from openai_compat.tokens import TokenCounter
 
 logger = logging.getLogger("openai_compat")
 

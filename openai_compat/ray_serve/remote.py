@@ -32,7 +32,8 @@ from openai_compat.ray_serve.metrics import RayMetricsExport
 from openai_compat.registry import ModelEntry, Registry
 from openai_compat.settings import ModelConfig, Settings
 from openai_compat.sparse import SparseVector
-from openai_compat.tokens import Cl100kDecoder, ModelTokenIdDecoder, TokenCounter
+from openai_compat.token_ids import Cl100kDecoder, ModelTokenIdDecoder
+from openai_compat.tokens import TokenCounter
 
 # Ray's errors that mean "this replica is gone or cannot take the call now": the request is
 # answered 503 with Retry-After (clients and SDKs retry), never a hang or a 500.
