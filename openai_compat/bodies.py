@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import multiprocessing
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 # Picks the request model from the decoded body (one route, two request shapes).
 Chooser = Callable[[Any], type[BaseModel]]
 
@@ -89,8 +91,13 @@ class BodyParser:
     def __init__(self, workers: int = WORKERS) -> None:
         self._workers = workers
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()  # the loop and the batch runner's threads start it
 
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
+        with self._lock:
+            return self._start()
+
+    def _start(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
             # spawn, not fork: forking a process that runs torch threads is unsafe.
             context = multiprocessing.get_context("spawn")
@@ -111,6 +118,16 @@ class BodyParser:
         _, cls, fields, fields_set = result
         built: M = cls.model_construct(_fields_set=fields_set, **fields)
         return built
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) in a worker process (fn and args picklable): GIL-bound work off the loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor(), fn, *args)
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """fn(*args, **kwargs) in a worker process, from a thread that may block (never the
+        loop)."""
+        return self._executor().submit(fn, *args, **kwargs).result()
 
     def close(self) -> None:
         if self._pool is not None:

@@ -16,10 +16,12 @@ from typing import Any, BinaryIO
 import orjson
 
 from openai_compat.batch.store import new_id
+from openai_compat.bodies import INLINE_BYTES
 
 logger = logging.getLogger("openai_compat.batch")
 
 ENDPOINTS = ("/v1/embeddings", "/v1/rerank", "/v2/rerank", "/v1/classify")
+BIG = 1 << 30  # the input count of a line too big to parse on the loop: alone in its wave
 RETRY_STATUSES = (429, 503)  # overloaded or draining: the line is tried again, not failed
 
 # (status, body bytes, request id) for a POST of `body` to `url`
@@ -27,7 +29,58 @@ Dispatch = Callable[[str, bytes], Awaitable[tuple[int, bytes, str]]]
 
 
 class Retry(Exception):
-    """A line the server could not take now (429/503): the chunk is tried again later."""
+    """A line the server could not take now (429/503): the chunk is tried again later.
+    `final` is the line's record should it never get through (its last answer)."""
+
+    def __init__(self, status: int, final: LineResult | None = None) -> None:
+        super().__init__(status)
+        self.status = status
+        self.final = final
+
+
+# A line's envelope, read by split_line: ("ok", custom_id, method, url, body bytes or None,
+# model or None) or ("invalid", code, message). Big lines are split in a worker process.
+Parts = tuple[Any, ...]
+# Runs split_line (or validates a big answer) off the event loop: the app's body workers.
+OffLoop = Callable[..., Awaitable[Any]]
+
+
+def split_line(raw: bytes, encode_body: bool = True) -> Parts:
+    """An input line's envelope, its body re-encoded for the route (if `encode_body`);
+    blocking and GIL-bound (orjson never releases it): big lines run it in a worker process."""
+    try:
+        line = orjson.loads(raw)
+    except ValueError as exc:
+        return ("invalid", "invalid_json", f"is not valid JSON: {exc}")
+    if not isinstance(line, dict):
+        return ("invalid", "invalid_request", "must be a JSON object")
+    body = line.get("body")
+    encoded: bytes | str | None = None
+    if isinstance(body, dict) and encode_body:
+        try:
+            encoded = orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:  # e.g. nested deeper than orjson writes (254)
+            encoded = f"'body' cannot be sent: {exc}."
+    model = body.get("model") if isinstance(body, dict) else None
+    return ("ok", line.get("custom_id"), line.get("method"), line.get("url"), encoded, model)
+
+
+def line_size(raw: bytes) -> int:
+    """A line's length without its line ending (the request it holds is what is limited)."""
+    return len(raw) - (2 if raw.endswith(b"\r\n") else 1 if raw.endswith(b"\n") else 0)
+
+
+def is_json(content: bytes) -> bool:
+    """Whether an answer's body is one JSON document (blocking; big ones off the loop)."""
+    try:
+        orjson.loads(content)
+    except ValueError:
+        return False
+    return True
+
+
+async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
 
 
 @dataclass
@@ -40,8 +93,28 @@ class LineResult:
         return orjson.dumps(self.record)
 
 
+# Splits a big line off the event loop's process, blocking the calling thread (not the loop).
+BigSplit = Callable[[bytes], Parts]
+
+
+def envelope(
+    raw: bytes, big: BigSplit | None = None, max_bytes: int | None = None
+) -> tuple[Any, Any]:
+    """A line's custom_id and model (None where absent or unreadable); blocking. A line over
+    INLINE_BYTES is split by `big` (a worker process), since parsing holds the GIL; one over
+    `max_bytes` is not read at all (it is refused unread)."""
+    if max_bytes is not None and line_size(raw) > max_bytes:
+        return None, None
+    parts = big(raw) if big is not None and len(raw) > INLINE_BYTES else split_line(raw, False)
+    return (parts[1], parts[5]) if parts[0] == "ok" else (None, None)
+
+
 def scan(
-    path: Path, limit: int, served: frozenset[str] | None = None
+    path: Path,
+    limit: int,
+    served: frozenset[str] | None = None,
+    big: BigSplit | None = None,
+    max_bytes: int | None = None,
 ) -> tuple[int, frozenset[int], frozenset[str]]:
     """Non-blank lines of an input file; the line numbers (0-based, blank lines not counted)
     whose custom_id an earlier line already used; and which of the `served` model names the
@@ -55,13 +128,7 @@ def scan(
         for raw in f:
             if not raw.strip():
                 continue
-            try:
-                line = orjson.loads(raw)
-                custom_id = line.get("custom_id")
-                body = line.get("body")
-                model = body.get("model") if isinstance(body, dict) else None
-            except (ValueError, AttributeError):
-                custom_id = model = None
+            custom_id, model = envelope(raw, big, max_bytes)
             if isinstance(custom_id, str):
                 if custom_id in seen:
                     duplicates.add(n)
@@ -107,42 +174,61 @@ def expired_record(custom_id: Any, number: int | None = None) -> LineResult:
     )
 
 
+def too_large_record(number: int | None, size: int, limit: int) -> LineResult:
+    """The record of a line over max_body_bytes, refused unread (as a live request's 413)."""
+    where = f"Line {number}" if number is not None else "The line"
+    return _error(
+        None,
+        "request_too_large",
+        f"{where} has {size} bytes, more than the {limit} a request may have "
+        "(max_body_bytes); it was not read.",
+        number,
+    )
+
+
 async def run_line(
-    raw: bytes, endpoint: str, duplicate: bool, dispatch: Dispatch, number: int | None = None
+    raw: bytes,
+    endpoint: str,
+    duplicate: bool,
+    dispatch: Dispatch,
+    number: int | None = None,
+    *,
+    max_bytes: int | None = None,
+    off_loop: OffLoop | None = None,
 ) -> LineResult:
     """One input line (line `number` of the file, 1-based) -> its output or error record
     (OpenAI's batch line format). Whatever the line holds, it fails alone: it never raises
-    but Retry (the server is busy) or cancellation."""
+    but Retry (the server is busy) or cancellation. A line over `max_bytes` is refused
+    unread; one over INLINE_BYTES is split, and its answer checked, by `off_loop` (the app's
+    body workers), so no big line is parsed on the event loop."""
     where = f"Line {number}" if number is not None else "The line"
-    try:
-        line = orjson.loads(raw)
-    except ValueError as exc:
-        return _error(None, "invalid_json", f"{where} is not valid JSON: {exc}.", number)
-    if not isinstance(line, dict):
-        return _error(None, "invalid_request", f"{where} must be a JSON object.", number)
-    custom_id = line.get("custom_id")
+    size = line_size(raw)
+    if max_bytes is not None and size > max_bytes:
+        return too_large_record(number, size, max_bytes)
+    run = off_loop if off_loop is not None and len(raw) > INLINE_BYTES else _inline
+    parts = await run(split_line, raw)
+    if parts[0] == "invalid":
+        return _error(None, parts[1], f"{where} {parts[2]}.", number)
+    _, custom_id, method, url, body, _model = parts
     if not isinstance(custom_id, str) or not custom_id:
         return _error(None, "missing_custom_id", f"{where} needs a string 'custom_id'.", number)
     if duplicate:
         return duplicate_record(custom_id, number)
-    if line.get("method") != "POST":
+    if method != "POST":
         return _error(custom_id, "invalid_method", "'method' must be 'POST'.", number)
-    if line.get("url") != endpoint:
+    if url != endpoint:
         return _error(
             custom_id,
             "invalid_url",
-            f"'url' must be the batch's endpoint {endpoint!r}, got {line.get('url')!r}.",
+            f"'url' must be the batch's endpoint {endpoint!r}, got {url!r}.",
             number,
         )
-    body = line.get("body")
-    if not isinstance(body, dict):
+    if body is None:
         return _error(custom_id, "invalid_body", "'body' must be a JSON object.", number)
+    if isinstance(body, str):
+        return _error(custom_id, "invalid_body", body, number)
     try:
-        encoded = orjson.dumps(body)
-    except orjson.JSONEncodeError as exc:  # e.g. nested deeper than orjson writes (254)
-        return _error(custom_id, "invalid_body", f"'body' cannot be sent: {exc}.", number)
-    try:
-        status, content, request_id = await dispatch(endpoint, encoded)
+        status, content, request_id = await dispatch(endpoint, body)
     except TimeoutError:
         return _error(custom_id, "timeout", "The line took longer than its time limit.", number)
     except Exception as exc:  # the route or transport broke on this line: it fails alone
@@ -153,23 +239,30 @@ async def run_line(
             f"The server failed on this line ({type(exc).__name__}).",
             number,
         )
-    if status in RETRY_STATUSES:
-        raise Retry(status)
-    try:
-        parsed = orjson.loads(content)
-    except ValueError:
-        parsed = content.decode(errors="replace")
+    # The answer goes into the record as the bytes served (a Fragment: never parsed again
+    # here, floats exactly as served) once it is known to be one JSON document.
+    check = off_loop if off_loop is not None and len(content) > INLINE_BYTES else _inline
+    answer: Any = (
+        orjson.Fragment(content)
+        if b"\n" not in content and await check(is_json, content)
+        else content.decode(errors="replace")
+    )
     record = {
         "id": new_id("batch_req_"),
         "custom_id": custom_id,
-        "response": {"status_code": status, "request_id": request_id, "body": parsed},
+        "response": {"status_code": status, "request_id": request_id, "body": answer},
         "error": None,
     }
-    return LineResult(200 <= status < 300, record)
+    result = LineResult(200 <= status < 300, record)
+    if status in RETRY_STATUSES:
+        raise Retry(status, result)
+    return result
 
 
 def _inputs(raw: bytes) -> int:
     """How many inputs a line asks for (its body's input / documents list), at least 1."""
+    if len(raw) > INLINE_BYTES:
+        return BIG  # not parsed here: such a line goes in a wave of its own
     try:
         body = orjson.loads(raw).get("body") or {}
         items = body.get("input", body.get("documents", body.get("texts")))
@@ -183,7 +276,8 @@ def read_wave(
 ) -> tuple[list[tuple[int, bytes]], int, int]:
     """Non-blank lines from f's position (which is after line `physical` of the file), up to
     max_lines or until they hold max_inputs inputs, each with its 1-based line number; the
-    offset after the last one read, and its line number."""
+    offset after the last one read, and its line number. Blocking (file reads): run it in a
+    thread. A line over INLINE_BYTES is not parsed to count its inputs: it goes alone."""
     lines: list[tuple[int, bytes]] = []
     inputs = 0
     while len(lines) < max_lines and inputs < max_inputs:
@@ -215,7 +309,13 @@ def count_lines(path: Path, end: int) -> int:
     return n
 
 
-def expire_rest(inp: BinaryIO, err: BinaryIO, physical: int) -> int:
+def expire_rest(
+    inp: BinaryIO,
+    err: BinaryIO,
+    physical: int,
+    big: BigSplit | None = None,
+    max_bytes: int | None = None,
+) -> int:
     """Blocking: an error record for every line from inp's position on, as OpenAI writes for
     a batch that expired (code batch_expired); how many."""
     n = 0
@@ -223,10 +323,7 @@ def expire_rest(inp: BinaryIO, err: BinaryIO, physical: int) -> int:
         physical += 1
         if not raw.strip():
             continue
-        try:
-            custom_id = orjson.loads(raw).get("custom_id")
-        except (ValueError, AttributeError):
-            custom_id = None
+        custom_id, _ = envelope(raw, big, max_bytes)
         record = expired_record(custom_id, physical)
         err.write(record.encoded() + b"\n")
         n += 1

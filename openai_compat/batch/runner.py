@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from openai_compat.batch.lines import (
+    BigSplit,
     Dispatch,
     LineResult,
+    OffLoop,
     Retry,
     count_lines,
     expire_rest,
@@ -44,7 +46,14 @@ logger = logging.getLogger("openai_compat.batch")
 CHUNK = 64  # most lines sent at once (one commit each wave)
 WAVE_INPUTS = 64  # inputs a wave stops at, while no live request is in flight
 MAX_YIELD = 1.0  # seconds a chunk waits for live traffic to pause before it goes anyway
-RETRY_PAUSE = 0.2  # seconds before refused lines are sent again
+RETRY_PAUSE = 0.2  # seconds before refused lines are sent again, doubling to MAX_RETRY_PAUSE
+MAX_RETRY_PAUSE = 5.0
+# A wave refused this long (a model that keeps failing to load, say) hands the runner to the
+# other open batches; it is taken up again after its back-off.
+DEFER_AFTER_S = 2.0
+# Lines refused with 503 for this long fail with their last answer (429s wait for room until
+# the batch expires or is cancelled: overload passes, a broken model may not).
+GIVE_UP_503_S = 300.0
 CANCEL_POLL_S = 0.5  # how soon a cancel is seen while a wave's lines are in the engine
 
 
@@ -68,7 +77,7 @@ class _Wave:
     offset: int  # in the input file, after its last line
     physical: int  # the file's line number of its last line (1-based)
     lines: list[tuple[int, bytes]]  # (line number, raw line)
-    task: asyncio.Future[list[LineResult | None]]  # None: refused for now (429/503)
+    task: asyncio.Future[list[LineResult | Retry]]  # Retry: refused for now (429/503)
 
 
 class Runner:
@@ -80,12 +89,15 @@ class Runner:
         max_requests: int,
         admission: int = 0,
         served: Callable[[], frozenset[str]] | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         """`admission`: the inputs a model admits at once (--max-queued-inputs; 0 = no
         limit): no wave holds more, unless it is one line. `served`: the model names this
         server serves; a batch whose lines need others (served where it was submitted) stays
         pending, with a `pending_reason`, until a server that serves them opens the data dir
-        (None: run every batch)."""
+        (None: run every batch). `max_bytes`: a line over it is refused unread (413's
+        record); `off_loop` and `big` (set when the app starts: its body workers) split big
+        lines in a worker process, as big live bodies are parsed."""
         self._store = store  # opened on first use (an app that never runs a batch opens none)
         self.dispatch = dispatch
         self.gate = gate
@@ -93,6 +105,12 @@ class Runner:
         self.wave_inputs = min(WAVE_INPUTS, admission) if admission else WAVE_INPUTS
         self.wake = asyncio.Event()
         self.pending = Pending(served)
+        self.max_bytes = max_bytes
+        self.off_loop: OffLoop | None = None
+        self.big: BigSplit | None = None
+        # batches whose lines keep being refused: when the refusals began, when to try again
+        self._refused_since: dict[str, float] = {}
+        self._not_before: dict[str, tuple[float, float]] = {}  # batch -> (time, pause)
 
     @property
     def store(self) -> Store:
@@ -104,6 +122,8 @@ class Runner:
             for obj in await asyncio.to_thread(self.store.open_batches):
                 if self.gate.stopping():
                     return
+                if self._deferred(obj["id"]):
+                    continue
                 try:
                     await self.run(obj["id"])
                 except Exception:  # one broken job must not stop the others
@@ -113,7 +133,24 @@ class Runner:
                     )
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+                await asyncio.wait_for(self.wake.wait(), timeout=self._idle_wait())
+
+    def _deferred(self, batch_id: str) -> bool:
+        """Whether a batch whose lines keep being refused is still in its back-off."""
+        entry = self._not_before.get(batch_id)
+        return entry is not None and time.monotonic() < entry[0]
+
+    def _idle_wait(self) -> float:
+        """Seconds the runner sleeps without news: 1, or until the next deferred batch."""
+        now = time.monotonic()
+        soonest = min((t for t, _ in self._not_before.values()), default=now + 1.0)
+        return min(1.0, max(soonest - now, 0.01))
+
+    def _defer(self, batch_id: str) -> None:
+        """Back off a batch whose lines keep being refused: 0.2 s doubling to 5 s."""
+        _, pause = self._not_before.get(batch_id, (0.0, RETRY_PAUSE / 2))
+        pause = min(pause * 2, MAX_RETRY_PAUSE)
+        self._not_before[batch_id] = (time.monotonic() + pause, pause)
 
     def _fail(self, batch_id: str, code: str, message: str) -> None:
         """Close a batch as failed; the lines it finished stay reachable (its output and
@@ -142,7 +179,7 @@ class Runner:
                 return await asyncio.to_thread(self._fail, batch_id, "file_not_found", message)
             served = await asyncio.to_thread(store.served_at_submit, batch_id)
             total, duplicates, models = await asyncio.to_thread(
-                scan, input_path, self.max_requests, served
+                scan, input_path, self.max_requests, served, self.big, self.max_bytes
             )
             if total > self.max_requests:
                 message = f"The input file has more than {self.max_requests} requests."
@@ -190,7 +227,9 @@ class Runner:
                     if obj["expires_at"] is not None and time.time() > obj["expires_at"]:
                         # what was done stays; every line not run gets its error record
                         inp.seek(progress.input_offset)
-                        expired = await asyncio.to_thread(expire_rest, inp, err, committed_line)
+                        expired = await asyncio.to_thread(
+                            expire_rest, inp, err, committed_line, self.big, self.max_bytes
+                        )
                         counts["failed"] += expired
                         await asyncio.to_thread(fsync_both, out, err)
                         progress = Progress(
@@ -214,16 +253,21 @@ class Runner:
                         await self.gate.wait()
                         # idle: a wave fills engine batches; live requests in flight: one line
                         busy = self.gate.live() > 0
-                        wave = self._send(
+                        wave = await self._send(
                             inp, obj["endpoint"], progress.lines_read, next_line, dups, busy
                         )
                         if wave is None:
                             return True
                         next_line = wave.physical
-                    answered = await self._answered(batch_id, wave, obj["endpoint"], dups)
+                    answered = await self._answered(obj, wave, obj["endpoint"], dups)
                     if answered == "cancelling":
                         obj["status"] = "cancelling"  # the wave's lines are dropped
                         return True
+                    if answered == "expired":
+                        wave = None  # its lines get their expiry records from the top
+                        continue
+                    if answered == "deferred":
+                        return False  # the other batches go first; resumed after a back-off
                     if answered is None:
                         return False  # stopping: the wave is done again on resume
                     results = answered
@@ -232,7 +276,9 @@ class Runner:
                     # fsynced and committed (the engine would otherwise wait for the disk).
                     if self.gate.live() == 0 and not self.gate.stopping():
                         next_first = done.first + len(results)
-                        wave = self._send(inp, obj["endpoint"], next_first, next_line, dups, False)
+                        wave = await self._send(
+                            inp, obj["endpoint"], next_first, next_line, dups, False
+                        )
                         if wave is not None:
                             next_line = wave.physical
                     records = [(r.ok, r.encoded() + b"\n") for r in results]
@@ -266,7 +312,7 @@ class Runner:
                     wave.task.cancel()
                     wave.task.add_done_callback(_retrieve)
 
-    def _send(
+    async def _send(
         self,
         inp: BinaryIO,
         endpoint: str,
@@ -277,7 +323,9 @@ class Runner:
     ) -> _Wave | None:
         """Read the next wave of lines (request `first` on, after the file's line
         `physical`) and send them; None at the end."""
-        lines, offset, last = read_wave(inp, 1 if busy else CHUNK, self.wave_inputs, physical)
+        lines, offset, last = await asyncio.to_thread(
+            read_wave, inp, 1 if busy else CHUNK, self.wave_inputs, physical
+        )
         if not lines:
             return None
         task = asyncio.gather(
@@ -290,19 +338,31 @@ class Runner:
 
     async def _attempt(
         self, raw: bytes, endpoint: str, duplicate: bool, number: int
-    ) -> LineResult | None:
-        """A line's record, or None when the server cannot take it now (429/503)."""
+    ) -> LineResult | Retry:
+        """A line's record, or its Retry when the server cannot take it now (429/503)."""
         try:
-            return await run_line(raw, endpoint, duplicate, self.dispatch, number)
-        except Retry:
-            return None
+            return await run_line(
+                raw,
+                endpoint,
+                duplicate,
+                self.dispatch,
+                number,
+                max_bytes=self.max_bytes,
+                off_loop=self.off_loop,
+            )
+        except Retry as retry:
+            return retry
 
     async def _answered(
-        self, batch_id: str, wave: _Wave, endpoint: str, duplicates: frozenset[int]
-    ) -> list[LineResult] | Literal["cancelling"] | None:
+        self, obj: dict[str, Any], wave: _Wave, endpoint: str, duplicates: frozenset[int]
+    ) -> list[LineResult] | Literal["cancelling", "expired", "deferred"] | None:
         """Every line of the wave answered: the refused ones (429/503) sent again, alone of
-        the rest (a finished line is never sent twice); None if the server stops first;
-        "cancelling" if the client cancels the batch meanwhile (seen within CANCEL_POLL_S)."""
+        the rest (a finished line is never sent twice), backing off 0.2 s doubling to 5 s;
+        None if the server stops first; "cancelling" if the client cancels the batch
+        meanwhile (seen within CANCEL_POLL_S), "expired" once its window has passed;
+        "deferred" when its lines have been refused for DEFER_AFTER_S (the other batches
+        run meanwhile). Lines refused with 503 for GIVE_UP_503_S fail with that answer."""
+        batch_id = obj["id"]
         while not wave.task.done():
             await asyncio.wait({wave.task}, timeout=CANCEL_POLL_S)
             if not wave.task.done():
@@ -310,13 +370,34 @@ class Runner:
                 if status == "cancelling":
                     return "cancelling"
         results = wave.task.result()
+        pause = RETRY_PAUSE
         while True:
-            refused = [i for i, r in enumerate(results) if r is None]
+            refused = [i for i, r in enumerate(results) if isinstance(r, Retry)]
             if not refused:
-                return [r for r in results if r is not None]
+                self._refused_since.pop(batch_id, None)
+                self._not_before.pop(batch_id, None)
+                return [r for r in results if isinstance(r, LineResult)]
+            now = time.monotonic()
+            since = self._refused_since.setdefault(batch_id, now)
+            if now - since >= GIVE_UP_503_S:
+                for i in refused:
+                    retry = results[i]
+                    assert isinstance(retry, Retry)
+                    if retry.status == 503 and retry.final is not None:
+                        results[i] = retry.final  # fails with the answer it kept getting
+                if all(isinstance(r, LineResult) for r in results):
+                    continue
             if self.gate.stopping():
                 return None
-            await asyncio.sleep(RETRY_PAUSE)
+            if await asyncio.to_thread(self.store.status, batch_id) == "cancelling":
+                return "cancelling"
+            if obj["expires_at"] is not None and time.time() > obj["expires_at"]:
+                return "expired"
+            if now - since >= DEFER_AFTER_S:
+                self._defer(batch_id)
+                return "deferred"
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, MAX_RETRY_PAUSE)
             await self.gate.wait()
             again = await asyncio.gather(
                 *(

@@ -7,10 +7,12 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import httpx
 
+from openai_compat.batch.lines import split_line
 from openai_compat.batch.runner import Gate, Runner
 from openai_compat.batch.store import Store, StoreBusy, new_id
 from openai_compat.engine.feeder import background
@@ -51,6 +53,7 @@ class BatchService:
             settings.batch_max_requests,
             admission=settings.max_queued_inputs,
             served=self._served,
+            max_bytes=settings.max_body_bytes,
         )
 
     def _lazy_store(self) -> Store:
@@ -100,6 +103,10 @@ class BatchService:
         # httpx logs every request at INFO: a line per batch row, beside our access log
         logging.getLogger("httpx").setLevel(logging.WARNING)
         self._registry = app.state.registry
+        # big lines are split where big live bodies are parsed: the app's body workers
+        bodies = app.state.bodies
+        self.runner.off_loop = bodies.run
+        self.runner.big = partial(bodies.call, split_line, encode_body=False)
         headers = {}
         if self.settings.api_key:
             headers["Authorization"] = f"Bearer {self.settings.api_key[0]}"
