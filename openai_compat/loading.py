@@ -322,10 +322,13 @@ async def unload_entry(registry: Registry, entry: ModelEntry) -> None:
     registry.remove(entry)
     if entry.logits is not None:
         entry.logits.close()
+    if entry.late is not None:
+        entry.late.close()
     if entry.feeder is not None:
         entry.feeder.close()
     await entry.engine.astop()
     entry.engine = entry.counter = entry.logits = entry.feeder = entry.token_decoder = None
+    entry.late = None
 
 
 async def warm_up(entry: ModelEntry) -> None:
@@ -358,6 +361,8 @@ async def stop_engines(registry: Registry) -> None:
     for entry in registry.entries():
         if entry.logits is not None:
             entry.logits.close()
+        if entry.late is not None:
+            entry.late.close()
         if entry.feeder is not None:
             entry.feeder.close()
     engines, registry.engines = registry.engines, []

@@ -11,6 +11,7 @@ and renormalises, "chunks" also returns each window's vector with its character 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -198,7 +199,9 @@ def long_payload(
     data: list[dict[str, Any]] = []
     for i, vector in enumerate(pooled):
         item: dict[str, Any] = {"object": "embedding", "index": i, "embedding": vector}
-        if mode == "chunks":
+        if mode == "chunks" and not result.chunks[i]:
+            item["chunks"] = []  # a late-chunked input with no tokens of its own
+        elif mode == "chunks":
             rows = truncate_dimensions(
                 np.stack([c.vector for c in result.chunks[i]]).astype("<f4"), dimensions
             )
@@ -210,6 +213,59 @@ def long_payload(
     usage = {"prompt_tokens": result.tokens, "total_tokens": result.tokens}
     body = {"object": "list", "data": data, "model": model, "usage": usage}
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+@dataclass
+class _LatePlan:
+    """One document's chunks before the forward pass: their character spans in the input
+    and which of its tokens each pools (a chunks x tokens boolean matrix)."""
+
+    spans: np.ndarray  # (chunks, 2) [start, end) in the input's characters
+    inside: np.ndarray  # (chunks, tokens)
+
+
+def _late_plan(
+    enc: Any, text: str, shift: int, given: list[tuple[int, int]] | None, size: int | None
+) -> _LatePlan | str:
+    """A document's chunks: the spans given, or runs of `size` of its tokens. A chunk pools
+    the non-special tokens lying wholly inside its span; the prompt's tokens (the first
+    `shift` characters) are never part of one. Vectorised and blocking (run in a thread);
+    the number of chunks is bounded before this runs. A string: what is wrong with a span."""
+    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+    starts, ends = offsets[:, 0] - shift, offsets[:, 1] - shift
+    content = ~np.asarray(enc.special_tokens_mask, dtype=bool) & (ends > starts) & (starts >= 0)
+    if given is None:
+        idx = np.flatnonzero(content)
+        step = max(1, size or 1)
+        last = np.minimum(np.arange(step - 1, len(idx) + step - 1, step), len(idx) - 1)
+        spans = np.stack([starts[idx[::step]], ends[idx[last]]], axis=1).reshape(-1, 2)
+    else:
+        spans = np.asarray(given, dtype=np.int64).reshape(-1, 2)
+        if (
+            not len(spans)
+            or ((spans[:, 0] < 0) | (spans[:, 0] >= spans[:, 1]) | (spans[:, 1] > len(text))).any()
+        ):
+            return (
+                f"must be [start, end) character offsets within the input ({len(text)} characters)"
+            )
+    inside = content[None, :] & (starts[None, :] >= spans[:, :1]) & (ends[None, :] <= spans[:, 1:])
+    empty = np.flatnonzero(~inside.any(axis=1))
+    if len(empty):
+        a, b = (int(x) for x in spans[empty[0]])
+        return f"has a span [{a}, {b}) that holds no whole token"
+    return _LatePlan(spans, inside)
+
+
+def _late_pool(plan: _LatePlan, tokens: np.ndarray) -> list[Chunk]:
+    """Each chunk's token vectors averaged and normalised: one matrix product. Blocking."""
+    counts = plan.inside.sum(axis=1)
+    means = (plan.inside.astype(np.float64) @ tokens.astype(np.float64)) / counts[:, None]
+    means /= np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
+    rows = means.astype(np.float32)
+    return [
+        Chunk(int(a), int(b), int(n), rows[j])
+        for j, ((a, b), n) in enumerate(zip(plan.spans, counts, strict=True))
+    ]
 
 
 async def embed_late(
@@ -224,7 +280,9 @@ async def embed_late(
 ) -> LongResult:
     """Late chunking (`long_input: "late"`): each text in one forward pass, then each span's
     token vectors mean-pooled and normalised; `spans` are character offsets per input, else
-    runs of `chunk_tokens` tokens. The document must fit the model's window."""
+    runs of `chunk_tokens` tokens. The document must fit the model's window. Chunks count
+    against max_windows_per_input and max_windows_per_request, checked before any work per
+    chunk; the pooling is one matrix product per document, off the event loop."""
     from openai_compat.engine import adapter, late
 
     limit = _check_model(entry)
@@ -246,9 +304,13 @@ async def embed_late(
             "long_input 'late' needs chunk_spans (character offsets per input) or chunk_tokens.",
             param="chunk_spans",
         )
-    if spans is not None and len(spans) != len(texts):
-        raise BadRequest(
-            f"chunk_spans has {len(spans)} lists for {len(texts)} inputs.", param="chunk_spans"
+    if spans is not None:
+        if len(spans) != len(texts):
+            raise BadRequest(
+                f"chunk_spans has {len(spans)} lists for {len(texts)} inputs.", param="chunk_spans"
+            )
+        _check_chunk_counts(
+            [len(s) for s in spans], settings, "chunk_spans", lambda i: f"chunk_spans[{i}]"
         )
     shift = len(prompt)
     full = [prompt + t for t in texts]
@@ -264,44 +326,61 @@ async def embed_late(
                 param=param,
                 code="input_too_long",
             )
-    encodings = await asyncio.to_thread(lambda: [counter.encode(t) for t in full])
-    all_spans: list[list[tuple[int, int]]] = []
-    for i, (text, enc) in enumerate(zip(texts, encodings, strict=True)):
-        content = [k for k, special in enumerate(enc.special_tokens_mask) if not special]
-        if spans is not None:
-            chosen = [(int(a), int(b)) for a, b in spans[i]]
-            if any(not 0 <= a < b <= len(text) for a, b in chosen) or not chosen:
-                raise BadRequest(
-                    f"chunk_spans[{i}] must be [start, end) character offsets within "
-                    f"{names(i)[1]} ({len(text)} characters).",
-                    param="chunk_spans",
-                )
-        else:
-            size = max(1, chunk_tokens or 1)
-            runs = [content[k : k + size] for k in range(0, len(content), size)]
-            chosen = [(enc.offsets[r[0]][0] - shift, enc.offsets[r[-1]][1] - shift) for r in runs]
-        all_spans.append(chosen)
+
+    def plan() -> tuple[list[Any], list[_LatePlan | str]]:
+        encodings = [counter.encode(t) for t in full]
+        given = spans if spans is not None else [None] * len(texts)
+        return encodings, [
+            _late_plan(e, t, shift, g, chunk_tokens)
+            for e, t, g in zip(encodings, texts, given, strict=True)
+        ]
+
+    encodings, plans = await asyncio.to_thread(plan)
+    for i, p in enumerate(plans):
+        if isinstance(p, str):
+            raise BadRequest(f"chunk_spans[{i}] {p}.", param="chunk_spans")
+    made = [len(p.spans) for p in plans if isinstance(p, _LatePlan)]
+    if spans is None:
+        _check_chunk_counts(
+            made, settings, "chunk_tokens", lambda i: f"{names(i)[1]} in chunks of {chunk_tokens}"
+        )
     with entry.admit(len(texts), settings.max_queued_inputs):
-        full = [prompt + t for t in texts]
-        outputs = await (remote(full) if remote is not None else late.token_vectors(replica, full))
-    vectors, chunks = [], []
-    for text_spans, enc, (tokens, sentence) in zip(all_spans, encodings, outputs, strict=True):
-        vectors.append((sentence / max(float(np.linalg.norm(sentence)), 1e-12)).astype(np.float32))
-        row = []
-        for a, b in text_spans:
-            inside = [
-                k
-                for k, ((s, e), special) in enumerate(
-                    zip(enc.offsets, enc.special_tokens_mask, strict=True)
-                )
-                if not special and e > s and s >= a + shift and e <= b + shift
-            ]
-            if not inside:
-                raise BadRequest(
-                    f"chunk span [{a}, {b}) holds no whole token.", param="chunk_spans"
-                )
-            mean = tokens[inside].astype(np.float64).mean(axis=0)
-            mean /= max(float(np.linalg.norm(mean)), 1e-12)
-            row.append(Chunk(a, b, len(inside), mean.astype(np.float32)))
-        chunks.append(row)
-    return LongResult(vectors, chunks, sum(len(e.ids) for e in encodings))
+        if remote is not None:
+            outputs = await remote(full)
+        else:
+            if entry.late is None:
+                entry.late = late.LateRunner(replica)
+            outputs = await entry.late.token_vectors(full)
+
+    def pool() -> LongResult:
+        vectors, chunks = [], []
+        for p, (tokens, sentence) in zip(plans, outputs, strict=True):
+            assert isinstance(p, _LatePlan)
+            norm = max(float(np.linalg.norm(sentence)), 1e-12)
+            vectors.append((sentence / norm).astype(np.float32))
+            chunks.append(_late_pool(p, tokens))
+        return LongResult(vectors, chunks, sum(len(e.ids) for e in encodings))
+
+    return await asyncio.to_thread(pool)
+
+
+def _check_chunk_counts(
+    counts: list[int], settings: Settings, param: str, label: Callable[[int], str]
+) -> None:
+    """Late chunks count as windows: max_windows_per_input each, max_windows_per_request in
+    all (a chunk costs a pooled vector and its share of the answer)."""
+    for i, n in enumerate(counts):
+        if n > settings.max_windows_per_input:
+            raise BadRequest(
+                f"{label(i)} makes {n} chunks, more than the {settings.max_windows_per_input} "
+                "one input may have (max_windows_per_input).",
+                param=param,
+                code="too_many_windows",
+            )
+    if sum(counts) > settings.max_windows_per_request:
+        raise BadRequest(
+            f"The inputs make {sum(counts)} chunks, more than the "
+            f"{settings.max_windows_per_request} one request may have (max_windows_per_request).",
+            param=param,
+            code="too_many_windows",
+        )

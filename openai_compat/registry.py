@@ -46,6 +46,7 @@ class ModelEntry:
     counter: TokenCounter | None = None
     token_decoder: Any | None = None  # Cl100kDecoder | ModelTokenIdDecoder | None
     logits: adapter.LogitsRunner | None = None  # raw classification logits (classifiers)
+    late: Any | None = None  # engine.late.LateRunner, made on the first late-chunking request
     multivector: bool = False  # one vector per token (ColBERT-style), not one per input
     engine_counts: bool = False  # the engine reports each embedding's tokens (no 2nd pass)
     raw_output: bool = False  # vectors keep their pre-normalisation norm (TEI normalize=false)

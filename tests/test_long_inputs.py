@@ -40,7 +40,16 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
     cls = ModelConfig(
         model="builtin:all-MiniLM-L6-v2", name="cls", pooling_method="cls", quantization_range=0.3
     )
-    settings = Settings(models=(model, cls), max_windows_per_input=40, max_windows_per_request=60)
+    prompted = ModelConfig(
+        model="builtin:all-MiniLM-L6-v2",
+        name="prompted",
+        prompts={"query": "Represent this sentence for searching relevant passages: "},
+        default_prompt="query",
+        model_warmup=False,
+    )
+    settings = Settings(
+        models=(model, cls, prompted), max_windows_per_input=40, max_windows_per_request=60
+    )
     async with app_client(settings) as c:
         yield c
 
@@ -230,3 +239,101 @@ async def test_the_default_per_route_and_the_servers_truncate(client: httpx.Asyn
         r = await server_wide.post("/v1/embeddings", json={"model": "cls", "input": DOC})
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 256
         np.testing.assert_allclose(r.json()["data"][0]["embedding"], want, atol=1e-6)
+
+
+async def test_late_chunks_count_against_the_window_limits_before_any_work(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200k spans in one body, or chunk_tokens 1 over many inputs, are 400s naming the limit;
+    no chunk is pooled (a 1.2 MB body of spans held the loop for 6.9 s)."""
+    from openai_compat import long_inputs
+
+    pooled: list[int] = []
+    real = long_inputs._late_pool
+    monkeypatch.setattr(long_inputs, "_late_pool", lambda p, t: pooled.append(1) or real(p, t))
+    text = "Berlin is the capital of Germany. It has many museums. The city is very large."
+    many = [[k % 70, k % 70 + 5] for k in range(200_000)]
+    r = await client.post(
+        "/v1/embeddings",
+        json={"model": "m", "input": text, "long_input": "late", "chunk_spans": [many]},
+    )
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == "too_many_windows", r.text
+    assert error["param"] == "chunk_spans" and "200000 chunks" in error["message"]
+    per_input = [[[0, 6]] * 30] * 3  # 90 chunks: within 40 per input, past 60 per request
+    r = await client.post(
+        "/v1/embeddings",
+        json={"model": "m", "input": [text] * 3, "long_input": "late", "chunk_spans": per_input},
+    )
+    assert r.status_code == 400 and "90 chunks" in r.json()["error"]["message"], r.text
+    r = await client.post(
+        "/v1/embeddings",
+        json={"model": "m", "input": [text] * 4, "long_input": "late", "chunk_tokens": 1},
+    )
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == "too_many_windows", r.text
+    assert error["param"] == "chunk_tokens" and error["message"].startswith("The inputs make")
+    r = await client.post(
+        "/v1/embeddings",
+        json={"model": "m", "input": ["ok", DOC[:600]], "long_input": "late", "chunk_tokens": 1},
+    )
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["message"].startswith("input[1] in chunks of 1"), r.text
+    assert pooled == []
+
+
+async def test_late_chunks_pool_off_the_event_loop(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from openai_compat import long_inputs
+
+    threads: list[int] = []
+    real = long_inputs._late_pool
+
+    def spy(plan: Any, tokens: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(plan, tokens)
+
+    monkeypatch.setattr(long_inputs, "_late_pool", spy)
+    body = await _embed(
+        client, input=["one two three four", "five six"], long_input="late", chunk_tokens=2
+    )
+    assert [len(d["chunks"]) for d in body["data"]] == [2, 1]
+    assert threads and threading.get_ident() not in threads
+
+
+async def test_late_chunks_by_tokens_leave_the_prompt_out(
+    client: httpx.AsyncClient, st_model: Any
+) -> None:
+    """With a prompt, chunk_tokens runs over the document's tokens only: the first chunk
+    starts at 0 (it began at minus the prompt's length and held the prompt's tokens)."""
+    text = "Berlin is the capital of Germany. It has many museums."
+    content = len(st_model.tokenizer(text, add_special_tokens=False)["input_ids"])
+    r = await client.post(
+        "/v1/embeddings",
+        json={"model": "prompted", "input": text, "long_input": "late", "chunk_tokens": 4},
+    )
+    assert r.status_code == 200, r.text
+    chunks = r.json()["data"][0]["chunks"]
+    assert chunks[0]["start"] == 0 and chunks[-1]["end"] == len(text)
+    assert sum(c["tokens"] for c in chunks) == content
+    assert all(0 <= c["start"] < c["end"] <= len(text) for c in chunks)
+    assert (
+        text[chunks[0]["start"] : chunks[0]["end"]] == "Berlin is the capital"[: chunks[0]["end"]]
+    )
+
+
+async def test_late_chunking_an_empty_input_gives_no_chunks(
+    client: httpx.AsyncClient, st_model: Any
+) -> None:
+    body = await _embed(client, input=["", "   ", "word"], long_input="late", chunk_tokens=3)
+    assert [d["chunks"] for d in body["data"][:2]] == [[], []]
+    assert len(body["data"][2]["chunks"]) == 1
+    np.testing.assert_allclose(body["data"][0]["embedding"], st_model.encode(""), atol=1e-5)
+    r = await client.post(
+        "/v1/embeddings",
+        json={"model": "m", "input": "", "long_input": "late", "chunk_spans": [[[0, 1]]]},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chunk_spans", r.text

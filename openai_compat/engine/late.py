@@ -15,8 +15,6 @@ import numpy as np
 
 from openai_compat.engine.adapter import kind_of
 
-_EXECUTORS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
-
 
 def pooling_mode(replica: Any) -> str | None:
     """The replica's pooling ("mean", "cls", "lasttoken"...), None if it has no Pooling."""
@@ -42,12 +40,18 @@ def _forward(replica: Any, text: str) -> tuple[np.ndarray, np.ndarray]:
     return tokens, sentence
 
 
-async def token_vectors(replica: Any, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each text's token vectors (special tokens included) and its sentence vector."""
-    pool = _EXECUTORS.get(id(replica))
-    if pool is None:
-        pool = _EXECUTORS[id(replica)] = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="late-chunking"
-        )
-    loop = asyncio.get_running_loop()
-    return [await loop.run_in_executor(pool, _forward, replica, t) for t in texts]
+class LateRunner:
+    """One model's late-chunking forwards, on one thread of its own beside the batcher;
+    `close()` (when the model unloads) ends the thread."""
+
+    def __init__(self, replica: Any) -> None:
+        self.replica = replica
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="late-chunking")
+
+    async def token_vectors(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each text's token vectors (special tokens included) and its sentence vector."""
+        loop = asyncio.get_running_loop()
+        return [await loop.run_in_executor(self._pool, _forward, self.replica, t) for t in texts]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

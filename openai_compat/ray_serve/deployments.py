@@ -110,7 +110,9 @@ class ModelServer:
 
     async def token_vectors(self, texts: list[str], background: bool = False) -> list[Any]:
         with self._serving("token_vectors", len(texts), background):
-            return await late.token_vectors(adapter.replica_of(self.entry.engine), texts)
+            if self.entry.late is None:  # closed with the entry's engine (loading.py)
+                self.entry.late = late.LateRunner(adapter.replica_of(self.entry.engine))
+            return await self.entry.late.token_vectors(texts)
 
     def check_health(self) -> None:
         """Ray's health check: a replica whose engine died is replaced."""
