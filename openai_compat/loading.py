@@ -273,6 +273,15 @@ class ModelLoader:
             self._cl100k = await in_daemon_thread(Cl100kDecoder, name="cl100k")
         return self._cl100k
 
+    @staticmethod
+    def weight_bytes(entry: ModelEntry) -> int | None:
+        """What the model's own tensors take (pool.py charges this to the memory budget);
+        None where the engine holds no torch tensors (the RSS growth of its load counts)."""
+        try:
+            return adapter.weight_bytes(entry.engine)
+        except adapter.EngineContractError:  # not a local engine (a Ray deployment's handle)
+            return None
+
     async def __call__(self, config: ModelConfig) -> ModelEntry:
         registry, export_dir = self.registry, self.export_dir
         cl100k = await self.prepare()

@@ -7,8 +7,9 @@ unloaded: an unload waits for them (or, forced, cancels their handlers: 503 to t
 Loads run one at a time (transformers builds models under process-global contexts), each in
 its own task: waiters share it (single flight) and a client that leaves does not cancel it.
 Before a load, the least recently used idle models are unloaded until the new one fits
-`--max-loaded-models` and `--memory-budget`; sizes are measured (RSS before and after each
-load), the model's file sizes standing in before its first load.
+`--max-loaded-models` and `--memory-budget`; sizes are measured at every load (the model's
+torch tensors where it has them, else the RSS growth of its load between trimmed readings),
+the model's file sizes standing in before its first load.
 """
 
 from __future__ import annotations
@@ -194,8 +195,15 @@ class ModelPool:
                 started = time.perf_counter()
                 entry = await self.loader(slot.config)
                 slot.load_seconds = time.perf_counter() - started
+                memory.trim()  # both readings trimmed: the load's freed scratch is not kept
                 after = memory.rss()
-            slot.resident_bytes = max(after - before, 0) if before and after else None
+            grown = max(after - before, 0) if before and after else None
+            weights = getattr(self.loader, "weight_bytes", lambda entry: None)(entry)
+            # Measured again at every load; the model's own tensors where the engine has
+            # them, since RSS growth also takes in whatever else the process allocated
+            # meanwhile (a concurrent request, a worker pool starting).
+            slot.resident_bytes, slot.rss_growth = (weights or grown), grown
+            slot.measured_by = "tensors" if weights else "rss" if grown is not None else None
             slot.entry, slot.state, slot.loads = entry, "loaded", slot.loads + 1
             slot.load_seconds_total += slot.load_seconds
             slot.last_used = time.monotonic()
@@ -224,6 +232,11 @@ class ModelPool:
         """Unload least recently used idle models until `slot` fits; wait (bounded) while
         the models in the way are busy. A model larger than the whole budget is a 400."""
         need = slot.charge() if self.budget else 0
+        if self.budget and need > self.budget and slot.measured_by == "rss":
+            # RSS growth is noisy (it counts all the process allocated during the load): one
+            # high reading must not refuse the model for good. Its files decide again, and
+            # this load measures it anew.
+            need = slot.file_size()
         if self.budget and need > self.budget:
             raise BadRequest(
                 f"Model {slot.name!r} needs {memory.human(need)}, more than the whole memory "
@@ -369,6 +382,8 @@ class ModelPool:
             "unloads": slot.unloads,
             "load_seconds": round(slot.load_seconds, 3) if slot.loads else None,
             "resident_bytes": slot.resident_bytes,
+            "measured_by": slot.measured_by,
+            "rss_growth_bytes": slot.rss_growth,
             "file_bytes": slot.file_size(),
         }
 

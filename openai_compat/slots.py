@@ -50,7 +50,9 @@ class Slot:
     unloads: int = 0
     load_seconds: float = 0.0
     load_seconds_total: float = 0.0
-    resident_bytes: int | None = None  # measured: RSS after its last load minus before
+    resident_bytes: int | None = None  # measured at its last load (see measured_by)
+    measured_by: Literal["tensors", "rss"] | None = None  # its tensors, or RSS growth
+    rss_growth: int | None = None  # RSS after its last load minus before (trimmed both)
     file_bytes: int | None = None  # the weights' files, before any load
     card: dict[str, Any] | None = None  # its /v1/models card from its last load
 
@@ -59,7 +61,8 @@ class Slot:
         return self.config.served_name
 
     def charge(self) -> int:
-        """Bytes this model counts against the budget: measured, else its files."""
+        """Bytes this model counts against the budget: measured at its last load, else its
+        files."""
         return self.resident_bytes or self.file_size()
 
     def file_size(self) -> int:

@@ -341,3 +341,63 @@ async def test_a_lazy_model_that_cannot_load_is_a_503_naming_why(tmp_path: Any) 
         assert "'broken'" in r.json()["error"]["message"]
     assert admin.status_code == 503 and admin.json()["error"]["code"] == "model_load_failed"
     assert state["state"] == "failed" and state["error"] and state["loads"] == 0
+
+
+@pytest.fixture
+def noisy_load(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """Every lazy model's load also sees the process allocate 300 MiB that it keeps (another
+    request's work, a pool starting): what RSS growth alone would charge to the model."""
+    import numpy as np
+
+    kept: list[Any] = []
+    create = loading.create_engine
+    loads = 0
+
+    def noisy(config: ModelConfig, *args: Any, **kwargs: Any) -> Any:
+        nonlocal loads
+        loads += config.load == "lazy"
+        if config.load == "lazy" and loads == 1:  # the first lazy load only
+            kept.append(np.ones(300 * 2**20, dtype=np.uint8))  # every page written
+        return create(config, *args, **kwargs)
+
+    monkeypatch.setattr(loading, "create_engine", noisy)
+    yield kept
+    kept.clear()
+
+
+async def test_a_model_is_charged_its_own_tensors_not_what_the_process_grew_by(
+    minilm_path: str, noisy_load: list[Any]
+) -> None:
+    """MiniLM (87 MiB of weights) loads under a 250 MiB budget while the process grows by
+    300 MiB more: it is charged its tensors, loads, and the eager model stays loaded (it was
+    charged 331 MiB and refused with model_too_large for good)."""
+    minilm = ModelConfig(model=minilm_path, name="minilm", load="lazy", model_warmup=False)
+    settings = _settings(_debug("eager"), minilm, memory_budget="250MiB")
+    async with app_client(settings) as c:
+        r = await _embed(c, "minilm", "abc")
+        assert r.status_code == 200, r.text
+        states = await _states(c)
+        charged = states["minilm"]
+        assert charged["measured_by"] == "tensors"
+        assert 80 * 2**20 < charged["resident_bytes"] < 95 * 2**20  # 22.7M fp32 parameters
+        assert charged["rss_growth_bytes"] > 300 * 2**20  # what the old charge was
+        assert states["eager"]["state"] == "loaded"
+
+
+async def test_one_high_rss_reading_does_not_refuse_a_model_for_good(
+    noisy_load: list[Any],
+) -> None:
+    """A model without torch tensors is charged its load's RSS growth; a reading over the
+    budget is not final: the next use loads it again and measures anew."""
+    settings = _settings(_debug("eager"), _debug("lazy", load="lazy"), memory_budget="250MiB")
+    async with app_client(settings) as c:
+        assert (await _embed(c, "lazy", "abc")).status_code == 200
+        first = (await _states(c))["lazy"]
+        assert first["measured_by"] == "rss" and first["resident_bytes"] > 250 * 2**20
+        noisy_load.clear()  # the allocation was not the model's: it goes away
+        r = await c.post("/admin/models/lazy/unload", headers=ADMIN)
+        assert r.status_code == 200, r.text
+        r = await _embed(c, "lazy", "abc")
+        assert r.status_code == 200, r.text  # was 400 model_too_large from here on
+        again = (await _states(c))["lazy"]
+        assert again["loads"] == 2 and again["resident_bytes"] < 250 * 2**20

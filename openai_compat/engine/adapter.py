@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -141,6 +142,26 @@ def _torch_model(replica: Any) -> Any | None:
     if kind == "classifier":
         return attr(replica, "_pipe", "SentenceClassifier").model
     return getattr(replica, "model", None)
+
+
+def weight_bytes(engine: Any) -> int | None:
+    """Bytes of the torch tensors (parameters and buffers) the engine's replicas hold, each
+    storage counted once; None when they hold no torch module (ONNX, OpenVINO). What a model
+    itself costs, unlike the process's RSS growth during its load, which also takes in
+    whatever else the process allocated meanwhile."""
+    import torch
+
+    storages: dict[int, int] = {}
+    found = False
+    for replica in attr(engine, "_model_replicas", "AsyncEmbeddingEngine"):
+        for module in (replica, _torch_model(replica)):
+            if not isinstance(module, torch.nn.Module):
+                continue
+            found = True
+            for tensor in itertools.chain(module.parameters(), module.buffers()):
+                storage = tensor.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values()) if found else None
 
 
 def position_limit(replica: Any) -> int | None:
