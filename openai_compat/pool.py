@@ -6,6 +6,8 @@ the HTTP layer releases the request's leases (`request_leases`). A model with a 
 unloaded: an unload waits for them (or, forced, cancels their handlers: 503 to those clients).
 Loads run one at a time (transformers builds models under process-global contexts), each in
 its own task: waiters share it (single flight) and a client that leaves does not cancel it.
+Waiting for room happens outside that one-at-a-time lock, so a model that fits loads while
+another waits for busy models to become idle.
 Before a load, the least recently used idle models are unloaded until the new one fits
 `--max-loaded-models` and `--memory-budget`; sizes are measured at every load (the model's
 torch tensors where it has them, else the RSS growth of its load between trimmed readings),
@@ -77,6 +79,7 @@ class ModelPool:
             if slot.state == "unloading" and slot.unload_task is not None:
                 await self._wait(slot, asyncio.shield(slot.unload_task), deadline)
                 continue
+            self._held_by_this_request(slot)
             task = slot.load_task  # a load queued or under way: share it
             if task is None:
                 if (
@@ -126,6 +129,16 @@ class ModelPool:
         self._cancel_expiry(slot)
         slot.last_used = time.monotonic()
         return slot.entry
+
+    def give_back(self, name: str) -> None:
+        """The current request no longer uses `name` (it looked at the model and chose
+        another): its lease is released now, not with the response."""
+        hold = REQUEST_LEASES.get()
+        if hold is None:
+            return
+        for lease in [x for x in hold.leases if x.slot is self.slots.get(name)]:
+            hold.leases.remove(lease)
+            lease.release()
 
     def _release(self, lease: Lease) -> None:
         slot = lease.slot
@@ -187,23 +200,18 @@ class ModelPool:
 
     async def _load(self, slot: Slot) -> None:
         try:
-            async with self._load_lock:
-                await self._make_room(slot)
-                slot.state, slot.error = "loading", None
-                memory.trim()
-                before = memory.rss()
-                started = time.perf_counter()
-                entry = await self.loader(slot.config)
-                slot.load_seconds = time.perf_counter() - started
-                memory.trim()  # both readings trimmed: the load's freed scratch is not kept
-                after = memory.rss()
-            grown = max(after - before, 0) if before and after else None
-            weights = getattr(self.loader, "weight_bytes", lambda entry: None)(entry)
-            # Measured again at every load; the model's own tensors where the engine has
-            # them, since RSS growth also takes in whatever else the process allocated
-            # meanwhile (a concurrent request, a worker pool starting).
-            slot.resident_bytes, slot.rss_growth = (weights or grown), grown
-            slot.measured_by = "tensors" if weights else "rss" if grown is not None else None
+            need = self._need(slot)
+            deadline = time.monotonic() + self.wait_timeout
+            while True:
+                # Room is made, and waited for, without the load lock: a model that fits
+                # now loads meanwhile. Under the lock the room is checked again (another
+                # load may have taken it), so two loads never share one model's room.
+                await self._make_room(slot, need, deadline)
+                async with self._load_lock:
+                    if not self._fits(slot, need):
+                        continue
+                    entry = await self._load_locked(slot)
+                    break
             slot.entry, slot.state, slot.loads = entry, "loaded", slot.loads + 1
             slot.load_seconds_total += slot.load_seconds
             slot.last_used = time.monotonic()
@@ -228,9 +236,28 @@ class ModelPool:
             slot.load_task = None
             self._notify()
 
-    async def _make_room(self, slot: Slot) -> None:
-        """Unload least recently used idle models until `slot` fits; wait (bounded) while
-        the models in the way are busy. A model larger than the whole budget is a 400."""
+    async def _load_locked(self, slot: Slot) -> ModelEntry:
+        """Build the model (the load lock held) and measure what it costs."""
+        slot.state, slot.error = "loading", None
+        memory.trim()
+        before = memory.rss()
+        started = time.perf_counter()
+        entry = await self.loader(slot.config)
+        slot.load_seconds = time.perf_counter() - started
+        memory.trim()  # both readings trimmed: the load's freed scratch is not kept
+        after = memory.rss()
+        grown = max(after - before, 0) if before and after else None
+        weights = getattr(self.loader, "weight_bytes", lambda entry: None)(entry)
+        # Measured again at every load; the model's own tensors where the engine has them,
+        # since RSS growth also takes in whatever else the process allocated meanwhile (a
+        # concurrent request, a worker pool starting).
+        slot.resident_bytes, slot.rss_growth = (weights or grown), grown
+        slot.measured_by = "tensors" if weights else "rss" if grown is not None else None
+        return entry
+
+    def _need(self, slot: Slot) -> int:
+        """What `slot` will count against the budget; a model larger than the whole budget
+        is a 400."""
         need = slot.charge() if self.budget else 0
         if self.budget and need > self.budget and slot.measured_by == "rss":
             # RSS growth is noisy (it counts all the process allocated during the load): one
@@ -244,7 +271,11 @@ class ModelPool:
                 param="model",
                 code="model_too_large",
             )
-        deadline = time.monotonic() + self.wait_timeout
+        return need
+
+    async def _make_room(self, slot: Slot, need: int, deadline: float) -> None:
+        """Unload least recently used idle models until `slot` fits; wait (bounded) while
+        the models in the way are busy."""
         while not self._fits(slot, need):
             idle = [
                 s
@@ -269,6 +300,32 @@ class ModelPool:
                     code="model_capacity",
                     headers={"Retry-After": "5"},
                 ) from None
+
+    def _held_by_this_request(self, slot: Slot) -> None:
+        """A request that holds models and needs `slot` too: if the models it holds leave
+        no room for `slot` (they stay loaded while it waits), waiting cannot help: 503 now,
+        saying why, rather than after the load timeout with every other load held up."""
+        hold = REQUEST_LEASES.get()
+        mine: list[Slot] = []
+        for lease in hold.leases if hold else []:
+            if not lease.released and lease.slot is not slot and all(
+                lease.slot is not s for s in mine
+            ):
+                mine.append(lease.slot)
+        if not mine:
+            return
+        names = ", ".join(repr(s.name) for s in mine)
+        if self.max_loaded and len(mine) + 1 > self.max_loaded:
+            why = f"--max-loaded-models is {self.max_loaded}"
+        elif self.budget and sum(s.charge() for s in mine) + self._need(slot) > self.budget:
+            why = f"the memory budget ({memory.human(self.budget)}) cannot hold them together"
+        else:
+            return
+        raise ServiceUnavailable(
+            f"This request needs model {slot.name!r} loaded beside {names}, which it holds, "
+            f"and {why}.",
+            code="model_capacity",
+        )
 
     def _fits(self, slot: Slot, need: int) -> bool:
         others = [

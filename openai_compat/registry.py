@@ -290,6 +290,8 @@ class Registry:
                 entry = await self.resolve(at)
                 if capability in entry.capabilities:
                     return entry
+                if self.pool is not None:  # not this one: it must not hold room for the next
+                    self.pool.give_back(entry.name)
             if capability in self._defaults:
                 return await self.default(capability)
             raise BadRequest(

@@ -401,3 +401,86 @@ async def test_one_high_rss_reading_does_not_refuse_a_model_for_good(
         assert r.status_code == 200, r.text  # was 400 model_too_large from here on
         again = (await _states(c))["lazy"]
         assert again["loads"] == 2 and again["resident_bytes"] < 250 * 2**20
+
+
+async def test_a_request_whose_own_models_leave_no_room_gets_503_at_once() -> None:
+    """A request holding "a" that also needs "b" under --max-loaded-models 1 can never be
+    served (its own lease keeps "a"): a 503 that says so at once, not after the load
+    timeout with every other load waiting behind it."""
+    from openai_compat.errors import ServiceUnavailable
+    from openai_compat.slots import request_leases
+
+    settings = _settings(
+        _debug("a", load="lazy"),
+        _debug("b", load="lazy"),
+        max_loaded_models=1,
+        load_wait_timeout=60,
+    )
+    async with app_client(settings) as c:
+        registry = c.app_state.registry  # type: ignore[attr-defined]
+        with request_leases():
+            await registry.resolve("a")
+            with pytest.raises(ServiceUnavailable) as refused:
+                await asyncio.wait_for(registry.resolve("b"), 10)
+        assert refused.value.code == "model_capacity"
+        message = refused.value.message
+        assert "'a'" in message and "--max-loaded-models is 1" in message
+        assert (await _embed(c, "b", "x")).status_code == 200  # alone, it loads
+
+
+async def test_the_tutorials_embed_gives_back_a_model_it_does_not_use(
+    tmp_path: Any, minilm_path: str
+) -> None:
+    """/embed without model_index looks at the tutorial's position 1 first; a reranker there
+    is given back before the default embedder loads (with --max-loaded-models 1 its lease
+    used to block that load until the 120 s timeout)."""
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    folder = tmp_path / "reranker"
+    BertForSequenceClassification.from_pretrained(minilm_path, num_labels=1).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(minilm_path).save_pretrained(folder)
+    settings = _settings(
+        _debug("embedder"),
+        ModelConfig(model=str(folder), name="reranker", load="lazy", model_warmup=False),
+        max_loaded_models=1,
+        load_wait_timeout=60,
+    )
+    async with app_client(settings) as c:
+        r = await asyncio.wait_for(c.post("/embed", json={"sentences": ["hello"]}), 30)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == "embedder" and r.json()["embeddings"] == [[5.0] * 13]
+        assert (await _states(c))["reranker"]["loads"] == 1  # looked at, then given back
+
+
+async def test_a_model_that_fits_loads_while_another_waits_for_room(
+    batch_gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Budget 100 MiB: "busy" (60) has a request in its engine, "big" (60) waits for it to
+    become idle, and "small" (10) fits now: it loads and answers meanwhile (the waiting load
+    used to hold the load lock)."""
+    sizes = {"busy": 60 * 2**20, "big": 60 * 2**20, "small": 10 * 2**20}
+    monkeypatch.setattr(
+        loading.ModelLoader, "weight_bytes", staticmethod(lambda entry: sizes[entry.name])
+    )
+    monkeypatch.setattr(
+        "openai_compat.memory.model_file_bytes", lambda config: sizes[config.served_name]
+    )
+    settings = _settings(
+        _debug("busy"),
+        _debug("big", load="lazy"),
+        _debug("small", load="lazy"),
+        memory_budget="100MiB",
+        load_wait_timeout=60,
+    )
+    async with app_client(settings) as c:
+        batch_gate.opened.clear()
+        batch_gate.reached.clear()
+        held = asyncio.create_task(_embed(c, "busy", "abcde"))
+        await batch_gate.wait_reached()
+        big = asyncio.create_task(_embed(c, "big", "x"))
+        await _until(lambda: _waiting(c, "big", 1), "big to wait for room")
+        batch_gate.opened.set()  # small's own batch must pass; busy's stays held meanwhile
+        small = await asyncio.wait_for(_embed(c, "small", "x"), 20)
+        assert small.status_code == 200 and not big.done()
+        assert (await held).status_code == 200
+        assert (await asyncio.wait_for(big, 20)).status_code == 200
