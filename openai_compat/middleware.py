@@ -343,7 +343,10 @@ class FastPathMiddleware:
             else None
         )
         if endpoint is None:
-            await self.app(scope, receive, send)
+            # Every other route (GETs too: TEI's /info, a model's card) holds the models it
+            # uses for as long as it runs, as the POST routes do.
+            with request_leases():
+                await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
         response: Response | None

@@ -126,8 +126,13 @@ class ModelPool:
             if task is not None:
                 slot.holders.add(task)
             hold.leases.append(lease)
-        self._cancel_expiry(slot)
         slot.last_used = time.monotonic()
+        if hold is None and slot.leases == 0:
+            # used outside any request (no lease to release): an idle spell starts now,
+            # rather than the planned unload being cancelled for good
+            self._plan_expiry(slot)
+        else:
+            self._cancel_expiry(slot)
         return slot.entry
 
     def give_back(self, name: str) -> None:

@@ -158,6 +158,8 @@ class Registry:
         self._order: list[str] = [c.served_name for c in configs]
         self.engines: list[Any] = []  # every engine started, for shutdown
         self._defaults: dict[str, str] = {}  # capability -> served name (choose_defaults)
+        # served name -> what it could do at its last load (lazy models: known once loaded)
+        self._seen: dict[str, ModelEntry] = {}
         self.cache: EmbeddingCache | None = None  # shared by the models that use one
         self.pool: ModelPool | None = None
 
@@ -169,6 +171,7 @@ class Registry:
         if self.cache is not None and entry.config.cache and not entry.sparse:
             entry.cache = self.cache
         self._entries[entry.name] = entry
+        self._seen[entry.name] = entry
         for name in (entry.name, *entry.config.aliases):
             self._names[name] = entry.name
 
@@ -240,7 +243,9 @@ class Registry:
         infinity's without `model`): `chosen` (--default-model), else the first loaded model
         that can, a real cross-encoder before an embedding model's cosine ranking. Once, when
         the eager models are loaded; a chosen name that is not served, or a loaded one that
-        cannot, stops start-up (a lazy one's abilities are checked when it loads)."""
+        cannot, stops start-up (a lazy one's abilities are checked when it loads). A
+        capability no eager model has is found among the lazy models on first use
+        (`default`)."""
         defaults: dict[str, str] = {}
         for capability, name in chosen.items():
             try:
@@ -250,22 +255,16 @@ class Registry:
             except (ModelNotFound, BadRequest) as exc:
                 raise EngineFailure(f"--default-model {capability}={name}: {exc.message}") from exc
             defaults[capability] = name
-        entries = self.entries()
         for capability in _VERB:
-            able = [e for e in entries if capability in e.capabilities]
-            if capability == "rerank":  # stable sorts: config order otherwise
-                # a cross-encoder, then MaxSim, then sparse, then cosine ranking
-                able.sort(key=lambda e: (e.cosine_rerank, e.sparse, e.multivector))
-            elif capability == "embed":
-                able.sort(key=lambda e: e.multivector)
-            if able:
-                defaults.setdefault(capability, able[0].name)
+            best = _best(self.entries(), capability)  # type: ignore[arg-type]
+            if best is not None:
+                defaults.setdefault(capability, best)
         self._defaults = defaults
 
     async def default(self, capability: Capability, *, or_first: bool = False) -> ModelEntry:
         """The model for requests that name none (see choose_defaults); with `or_first`, the
         first served model when none can (tokenizing needs only a tokenizer)."""
-        name = self._defaults.get(capability)
+        name = self._defaults.get(capability) or await self._discover(capability)
         if name is None and or_first and self._order:
             return await self.resolve(self._order[0])
         if name is None:
@@ -275,6 +274,26 @@ class Registry:
                 code="model_not_supported",
             )
         return await self.require(name, capability)
+
+    async def _discover(self, capability: Capability) -> str | None:
+        """A default for a capability no eager model has, from the configuration: the best
+        of the models seen able at a load (loaded now or before), else the first model in
+        config order never loaded yet that turns out able once loaded (each one looked at
+        and unable is given back). Kept as the default from then on."""
+        seen = [self._seen[n] for n in self._order if n in self._seen]
+        name = _best(seen, capability)
+        for candidate in [] if name is not None else self._order:
+            if candidate in self._seen:
+                continue  # its abilities are known: it cannot
+            entry = await self.resolve(candidate)  # the only way to learn what it can do
+            if capability in entry.capabilities:
+                name = candidate
+                break
+            if self.pool is not None:
+                self.pool.give_back(candidate)
+        if name is not None:
+            name = self._defaults.setdefault(capability, name)
+        return name
 
     async def by_index(
         self, index: int | None, capability: Capability, position: int
@@ -292,7 +311,7 @@ class Registry:
                     return entry
                 if self.pool is not None:  # not this one: it must not hold room for the next
                     self.pool.give_back(entry.name)
-            if capability in self._defaults:
+            if capability in self._defaults or await self._discover(capability):
                 return await self.default(capability)
             raise BadRequest(
                 f"No served model can {_VERB[capability]}. The tutorial's routes expect its "
@@ -313,6 +332,18 @@ class Registry:
 
     def _listing(self) -> str:
         return ", ".join(f"{i}={n}" for i, n in enumerate(self._order))
+
+
+def _best(entries: Sequence[ModelEntry], capability: Capability) -> str | None:
+    """The default among `entries` (config order) for a capability: for rerank a real
+    cross-encoder, then MaxSim, then sparse, then cosine ranking; for embed a one-vector
+    model before a multi-vector one."""
+    able = [e for e in entries if capability in e.capabilities]
+    if capability == "rerank":  # stable sorts: config order otherwise
+        able.sort(key=lambda e: (e.cosine_rerank, e.sparse, e.multivector))
+    elif capability == "embed":
+        able.sort(key=lambda e: e.multivector)
+    return able[0].name if able else None
 
 
 # The tutorial's model positions (configs/production.toml), named in its routes' errors.

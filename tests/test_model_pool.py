@@ -484,3 +484,34 @@ async def test_a_model_that_fits_loads_while_another_waits_for_room(
         assert small.status_code == 200 and not big.done()
         assert (await held).status_code == 200
         assert (await asyncio.wait_for(big, 20)).status_code == 200
+
+
+async def test_tei_info_holds_its_model_and_leaves_its_idle_unload_planned() -> None:
+    """GET /info looks at the default model: it holds a lease meanwhile, and the model's
+    keep_alive unload is planned again after it (it was cancelled for good)."""
+    settings = _settings(_debug("brief", load="lazy", keep_alive="1s"))
+    async with app_client(settings) as c:
+        assert (await _embed(c, "brief", "abc")).status_code == 200
+        info = await c.get("/info")
+        assert info.status_code == 200 and info.json()["model_id"] == "debug/brief"
+        brief = (await _states(c))["brief"]
+        assert brief["state"] == "loaded" and brief["in_flight"] == 0
+        assert brief["idle_unload_in"] is not None
+        await _until(lambda: _state_is(c, "brief", "unloaded"), "brief unloaded after /info")
+
+
+async def test_lazy_models_serve_the_routes_that_name_no_model() -> None:
+    """TEI's routes and infinity's unnamed requests find their model among the lazy ones
+    (they answered "No served model can embed text" even once it had loaded)."""
+    settings = _settings(_debug("first", load="lazy"), _debug("second", load="lazy"))
+    async with app_client(settings) as c:
+        tei = await c.post("/embed", json={"inputs": "abc"})  # nothing loaded yet
+        assert tei.status_code == 200, tei.text
+        assert tei.json() == [[3.0] * 13]
+        states = await _states(c)
+        assert states["first"]["state"] == "loaded" and states["second"]["loads"] == 0
+        unnamed = await c.post("/embeddings", json={"input": ["abcd"]})
+        assert unnamed.status_code == 200 and unnamed.json()["model"] == "first", unnamed.text
+        assert (await c.post("/admin/models/first/unload", headers=ADMIN)).status_code == 200
+        again = await c.post("/embed", json={"inputs": "ab"})  # loads its default again
+        assert again.status_code == 200 and again.json() == [[2.0] * 13]

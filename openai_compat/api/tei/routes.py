@@ -244,7 +244,12 @@ async def info(request: Request) -> Response:
     set_family(request, "tei")
     registry, settings = ready_registry(request), settings_of(request)
     loaded = registry.entries()
-    entry = loaded[0] if loaded else await registry.default("embed", or_first=True)
+    # resolved, not read off the listing: the request holds the model while it looks at it
+    entry = (
+        await registry.resolve(loaded[0].name)
+        if loaded
+        else await registry.default("embed", or_first=True)
+    )
     if "embed" in entry.capabilities and not entry.multivector:
         entry = await registry.default("embed")
         model_type: dict[str, Any] = {"embedding": {"pooling": "mean"}}
