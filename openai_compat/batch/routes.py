@@ -137,6 +137,7 @@ async def create_file(request: Request) -> Response:
             )
         finally:
             await asyncio.to_thread(upload.path.unlink, missing_ok=True)  # moved, or refused
+            store.release(upload.reserved)  # a file of the store now, or gone
     return orjson_response(found)
 
 

@@ -49,6 +49,9 @@ class Store:
         self.root = root
         self.max_bytes = max_bytes
         self.min_free = min_free
+        # bytes of uploads under way (on disk, not yet files): they count against the quota
+        self._reserved = 0
+        self._reserve_lock = threading.Lock()
         (root / "files").mkdir(parents=True, exist_ok=True)
         (root / "batches").mkdir(parents=True, exist_ok=True)
         # One process per data dir, held for the process's life (released when it dies).
@@ -185,11 +188,26 @@ class Store:
             ).fetchone()
         return int(files) + int(running)
 
+    def reserve(self, adding: int) -> tuple[str, str] | None:
+        """room() for an upload's next bytes, which then count as the data dir's until
+        release(): uploads under way (each a temp file not yet a file of the store) count
+        against the quota with everything else. Blocking."""
+        with self._reserve_lock:
+            refused = self.room(adding)
+            if refused is None:
+                self._reserved += adding
+            return refused
+
+    def release(self, reserved: int) -> None:
+        """An upload's reserved bytes: stored as a file now (counted as such), or dropped."""
+        with self._reserve_lock:
+            self._reserved = max(self._reserved - reserved, 0)
+
     def room(self, adding: int) -> tuple[str, str] | None:
         """Why `adding` more bytes may not be written, as ("quota" | "disk", message); None:
-        they may."""
+        they may. Uploads under way count as held already."""
         if self.max_bytes:
-            used = self.used_bytes()
+            used = self.used_bytes() + self._reserved
             if used + adding > self.max_bytes:
                 return "quota", (
                     f"the data dir would hold {used + adding} bytes, more than its quota of "

@@ -34,6 +34,7 @@ class Upload:
     filename: str
     fields: dict[str, str]
     size: int
+    reserved: int  # bytes counted against the data dir's quota until store.release()
 
 
 @dataclass
@@ -52,6 +53,7 @@ class _Receiver:
         self.path = Path(name)
         self.pending = bytearray()  # file bytes not written yet
         self.size = 0
+        self.reserved = 0  # bytes written, held against the quota (store.reserve)
         self.files = 0
         self.parts = 0
         self.fields: dict[str, str] = {}
@@ -172,19 +174,23 @@ async def receive_upload(request: Request, store: Store, limit: int) -> Upload:
         await asyncio.to_thread(receiver.finish)
     except BaseException:  # a limit, a bad body, the client gone, cancellation: no leftovers
         await asyncio.to_thread(_discard, receiver)
+        store.release(receiver.reserved)
         raise
     receiver.close()
     name = Path(receiver.filename).name or "upload.jsonl"
-    return Upload(receiver.path, name, receiver.fields, receiver.size)
+    return Upload(receiver.path, name, receiver.fields, receiver.size, receiver.reserved)
 
 
 def _flush(receiver: _Receiver, store: Store) -> None:
-    """Blocking: the buffered bytes to disk, if the data dir has room for them."""
-    refused = store.room(len(receiver.pending))
+    """Blocking: the buffered bytes to disk, if the data dir has room for them beside
+    everything it holds and every other upload under way."""
+    adding = len(receiver.pending)
+    refused = store.reserve(adding)
     if refused is not None:
         kind, why = refused
         error = PayloadTooLarge if kind == "quota" else InsufficientStorage
         raise error(f"The file does not fit: {why}.", param="file")
+    receiver.reserved += adding
     receiver.write_pending()
 
 
