@@ -137,7 +137,8 @@ async def _probe(engine: Any, counter: TokenCounter | None) -> tuple[list[Any], 
 def calibration_file(config: ModelConfig, cache_dir: Path) -> Path:
     """Where a model's calibration embeddings are kept between starts: keyed by everything
     that changes them (source, revision, engine, dtype, pooling, the calibration texts, and
-    for a local folder its files' sizes and times)."""
+    for a local folder its files' sizes and times, ctime included: it moves with every
+    write, also when the mtime is set back)."""
     parts = [config.source, config.revision or "", config.engine, config.quantize or ""]
     parts += [config.dtype, config.pooling_method, config.device, "\n".join(CALIBRATION_TEXTS)]
     folder = Path(config.source)
@@ -145,7 +146,7 @@ def calibration_file(config: ModelConfig, cache_dir: Path) -> Path:
         for f in sorted(folder.iterdir()):
             if f.is_file():
                 st = f.stat()
-                parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+                parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}")
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
     return cache_dir / "calibration" / f"{backends.slug(config.served_name)}-{key}.npy"
 

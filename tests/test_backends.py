@@ -161,6 +161,28 @@ def test_the_cache_key_follows_the_model(tmp_path: Path) -> None:
     assert one != backends._key(str(tmp_path), None, "onnx", None)
 
 
+def test_the_cache_key_follows_the_weights_changed_in_place(tmp_path: Path) -> None:
+    """New weights written over the old ones (same name, same size, mtime set back as
+    `cp -p` does) get a new export; the digests are kept in the export dir."""
+    import os
+
+    model, exports = tmp_path / "model", tmp_path / "exports"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 384}')
+    weights = model / "model.safetensors"
+    weights.write_bytes(b"\x01" * 4096)
+    old = backends._key(str(model), None, "onnx", None, exports)
+    assert old == backends._key(str(model), None, "onnx", None, exports)
+    stat = weights.stat()
+    weights.write_bytes(b"\x02" * 4096)  # fine-tuned in place: same size
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and the old mtime
+    new = backends._key(str(model), None, "onnx", None, exports)
+    assert new != old
+    assert (exports / backends.DIGESTS).is_file()
+    digests = (exports / backends.DIGESTS).read_text()
+    assert str(weights.resolve()) in digests
+
+
 def test_backends_refuse_what_they_cannot_run(
     tmp_path: Path, trained_models: dict[str, Path]
 ) -> None:

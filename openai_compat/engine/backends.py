@@ -20,13 +20,15 @@ and normalisation stay sentence-transformers'.
 
 Cache: `<export dir>/<model name>-<key>/`, a complete sentence-transformers folder with
 `onnx/<file>.onnx` or `openvino/<file>.xml`; the key hashes the source, revision, backend,
-quantisation and the model's config, so a changed model is exported anew. Written to a
+quantisation, the model's config and (for a local folder) its weight files' contents, so a
+changed model, weights changed in place included, is exported anew. Written to a
 temporary folder and renamed into place, so a crash mid-export leaves no half cache.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import platform
@@ -93,12 +95,68 @@ def quantization_target() -> str:
     return "avx2"
 
 
-def _key(source: str, revision: str | None, backend: str, quantize: str | None) -> str:
+# Files whose contents make the model: a local folder's export is keyed on them.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".xml")
+DIGESTS = "weight-digests.json"  # in the export dir: file stat -> sha256, so starts rehash nothing
+
+
+def _key(
+    source: str,
+    revision: str | None,
+    backend: str,
+    quantize: str | None,
+    export_dir: Path | None = None,
+) -> str:
+    """The export's cache key: source, revision, backend, quantisation, recipe and, for a
+    local folder, the contents of its config and weight files (weights changed in place
+    are exported anew; the fidelity report is the new export's)."""
     parts = [source, revision or "", backend, quantize or OPTIMIZATION, RECIPE]
-    config = Path(source, "config.json")
+    folder = Path(source)
+    config = folder / "config.json"
     if config.is_file():  # a local folder: a changed model gets a new export
         parts.append(hashlib.sha256(config.read_bytes()).hexdigest())
+        parts += _weight_digests(folder, export_dir)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def _weight_digests(folder: Path, export_dir: Path | None) -> list[str]:
+    """"relative path:sha256" of each weight file in a model folder. A file is hashed again
+    only when its stat changes (size, mtime, ctime, inode: ctime moves with every write and
+    cannot be set back), the digests kept in the export dir; a new copy of the same weights
+    costs one hash and keeps its export."""
+    memo_path = export_dir / DIGESTS if export_dir is not None else None
+    try:
+        memo: dict[str, Any] = json.loads(memo_path.read_text()) if memo_path else {}
+    except (OSError, ValueError):
+        memo = {}
+    changed = False
+    out = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        hidden = rel.parts[0].startswith(".")
+        if path.suffix not in _WEIGHT_SUFFIXES or hidden or not path.is_file():
+            continue
+        st = path.stat()
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        known = memo.get(str(path.resolve()))
+        if not (isinstance(known, dict) and known.get("stat") == stamp):
+            digest = hashlib.sha256()
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+            known = {"stat": stamp, "sha256": digest.hexdigest()}
+            memo[str(path.resolve())] = known
+            changed = True
+        out.append(f"{rel}:{known['sha256']}")
+    if changed and memo_path is not None:
+        try:
+            memo_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo_path.with_name(f".{memo_path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(memo))
+            os.replace(tmp, memo_path)
+        except OSError:  # a read-only export dir: hash again next time
+            logger.debug("could not keep weight digests in %s", memo_path, exc_info=True)
+    return out
 
 
 def _find(folder: Path, backend: str, quantize: str | None) -> str | None:
@@ -128,7 +186,7 @@ def prepare(
     """The cached export for this model, made first if missing (blocking: seconds)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
-    folder = export_dir / f"{slug(name)}-{_key(source, revision, backend, quantize)}"
+    folder = export_dir / f"{slug(name)}-{_key(source, revision, backend, quantize, export_dir)}"
     kind: Backend = "openvino" if backend == "openvino" else "onnx"
     found = _find(folder, kind, quantize)
     if found is not None:
