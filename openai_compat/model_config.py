@@ -198,6 +198,7 @@ class ModelConfig(BaseModel):
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_DURATION_S = 10**9  # longer is no timer anyone means: -1 says forever
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?", re.IGNORECASE)
 
 
@@ -219,9 +220,16 @@ def parse_duration(value: Any, what: str) -> Any:
                     f"for forever), got {text!r}"
                 ) from None
             value = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-    if value != value or value in (float("inf"),):  # NaN, inf
+    if value != value or value in (float("inf"), float("-inf")):  # NaN, inf
         raise ValueError(f"{what} must be a finite number of seconds (or -1 for forever)")
-    return -1.0 if value < 0 else float(value)
+    if value < 0:
+        return -1.0
+    if value > MAX_DURATION_S:  # an int past float's range too (10**400)
+        raise ValueError(
+            f"{what} must be at most {MAX_DURATION_S} seconds (about 31 years), or -1 for "
+            "forever"
+        )
+    return float(value)
 
 
 def parse_size(value: Any, what: str) -> Any:

@@ -325,6 +325,21 @@ def test_sizes_and_bad_values() -> None:
         Settings(memory_budget="lots")
     with pytest.raises(ValueError, match="keep_alive"):
         _debug("m", keep_alive="forever")
+    for huge in (10**400, 1e300, "99999999999999h"):  # 10**400 was an OverflowError (a 500)
+        with pytest.raises(ValueError, match="keep_alive must be at most"):
+            _debug("m", keep_alive=huge)
+
+
+async def test_a_huge_keep_alive_in_a_request_is_a_400() -> None:
+    async with app_client(_settings(_debug("m"))) as c:
+        for huge in (10**400, "1" + "0" * 400):
+            r = await c.post(
+                "/v1/embeddings",
+                content=b'{"model": "m", "input": "x", "keep_alive": ' + str(huge).encode() + b"}",
+                headers={"Content-Type": "application/json"},
+            )
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == "keep_alive"
 
 
 async def test_a_lazy_model_that_cannot_load_is_a_503_naming_why(tmp_path: Any) -> None:
