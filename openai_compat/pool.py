@@ -188,7 +188,7 @@ class ModelPool:
         slot.load_task = task
         return task
 
-    async def load(self, name: str, *, for_client: bool = False) -> None:
+    async def load(self, name: str, *, for_client: bool = False, detail: bool = False) -> None:
         """Load `name` now (eager start-up and the admin API); returns once it is loaded.
         A failed load raises its error (start-up reports it), or for a client a 503."""
         slot = self.slots[name]
@@ -201,7 +201,7 @@ class ModelPool:
             except Exception as exc:
                 if not for_client or isinstance(exc, APIError) or slot.state != "failed":
                     raise
-                raise _load_failed(slot) from exc
+                raise _load_failed(slot, detail=detail) from exc
 
     async def _load(self, slot: Slot) -> None:
         try:
@@ -236,6 +236,8 @@ class ModelPool:
         except BaseException as exc:
             slot.state, slot.failed_at = "failed", time.monotonic()
             slot.error = str(exc) or type(exc).__name__
+            if isinstance(exc, Exception):  # not a cancellation at shutdown
+                logger.error("model %r failed to load: %s", slot.name, slot.error)
             raise
         finally:
             slot.load_task = None
@@ -347,7 +349,9 @@ class ModelPool:
         it was not loaded."""
         slot = self.slots[name]
         if slot.load_task is not None:
-            await asyncio.shield(slot.load_task)
+            # a load that fails leaves nothing to unload: its error is the slot's, not ours
+            with contextlib.suppress(Exception):
+                await asyncio.shield(slot.load_task)
         if slot.state == "unloading" and slot.unload_task is not None:
             if force:
                 self._cancel_holders(slot)
@@ -453,9 +457,17 @@ class ModelPool:
         return sum(1 for s in self.slots.values() if s.state in ("loaded", "unloading"))
 
 
-def _load_failed(slot: Slot) -> ServiceUnavailable:
+def _load_failed(slot: Slot, *, detail: bool = False) -> ServiceUnavailable:
+    """The 503 of a model whose load failed. API clients get no more than that (the load's
+    error names server paths and library internals): the reason is in the log and in
+    GET /admin/models, and `detail` (the admin API) gives it."""
+    why = (
+        f": {slot.error}"
+        if detail
+        else "; retry later (the reason is in the server's log and GET /admin/models)"
+    )
     return ServiceUnavailable(
-        f"Model {slot.name!r} failed to load: {slot.error}",
+        f"Model {slot.name!r} failed to load{why}.",
         code="model_load_failed",
         headers={"Retry-After": str(int(RETRY_FAILED_AFTER))},
     )

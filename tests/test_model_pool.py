@@ -353,9 +353,29 @@ async def test_a_lazy_model_that_cannot_load_is_a_503_naming_why(tmp_path: Any) 
     for r in (first, again):
         assert r.status_code == 503 and r.headers["retry-after"] == "30"
         assert r.json()["error"]["code"] == "model_load_failed"
-        assert "'broken'" in r.json()["error"]["message"]
+        message = r.json()["error"]["message"]
+        # the model's name, no server path or library text: those are the admin's
+        assert message.startswith("Model 'broken' failed to load; retry later"), message
+        assert str(tmp_path) not in message and "Error" not in message
     assert admin.status_code == 503 and admin.json()["error"]["code"] == "model_load_failed"
-    assert state["state"] == "failed" and state["error"] and state["loads"] == 0
+    assert str(tmp_path) in admin.json()["error"]["message"]  # the admin API gives the reason
+    assert state["state"] == "failed" and str(tmp_path) in state["error"] and state["loads"] == 0
+
+
+async def test_unloading_a_model_during_its_failing_load_answers_its_state(
+    tmp_path: Any, load_gate: Gate
+) -> None:
+    broken = ModelConfig(model=str(tmp_path / "missing"), name="broken", load="lazy")
+    async with app_client(_settings(_debug("eager"), broken)) as c:
+        request = asyncio.create_task(_embed(c, "broken", "abc"))
+        await load_gate.wait_reached()
+        unload = asyncio.create_task(c.post("/admin/models/broken/unload", headers=ADMIN))
+        await asyncio.sleep(0.05)
+        load_gate.opened.set()  # the load goes on, and fails
+        r = await unload
+        assert r.status_code == 200, r.text  # was a 500 (the load's error)
+        assert r.json()["state"] == "failed" and r.json()["error"]
+        assert (await request).status_code == 503
 
 
 @pytest.fixture

@@ -58,7 +58,7 @@ async def load_model(name: str, request: Request) -> Response:
     """Load the model now; answers once it is loaded (or why it could not be)."""
     registry, pool = _pool(request)
     served = _served(registry, name)
-    await pool.load(served, for_client=True)
+    await pool.load(served, for_client=True, detail=True)  # the admin sees why
     return orjson_response(pool.describe(served))
 
 
