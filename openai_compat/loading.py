@@ -25,7 +25,7 @@ from openai_compat.engine.feeder import Feeder
 from openai_compat.lifecycle import in_daemon_thread
 from openai_compat.prompts import Prompts
 from openai_compat.registry import Capability, EngineFailure, ModelEntry, Registry
-from openai_compat.settings import BACKENDS, ModelConfig, default_export_dir
+from openai_compat.settings import BACKENDS, BUILTIN_PREFIX, ModelConfig, default_export_dir
 from openai_compat.token_ids import Cl100kDecoder, ModelTokenIdDecoder
 from openai_compat.tokens import TokenCounter
 
@@ -68,13 +68,36 @@ def engine_args(config: ModelConfig) -> Any:
     return EngineArgs(**options)
 
 
+def _missing_folder(config: ModelConfig) -> str | None:
+    """Why a model that names a local folder cannot load, when that folder is not there (the
+    hub library would call it a malformed repo id): None for hub ids and folders that exist.
+    A path is what starts with /, ./, ../ or ~, or has more than one '/' (hub ids are
+    'name' or 'org/name')."""
+    if config.engine == "debugengine" or config.model.startswith(BUILTIN_PREFIX):
+        return None
+    model = config.model
+    pathlike = model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
+    folder = Path(model).expanduser()
+    if not pathlike or folder.is_dir():
+        return None
+    if folder.exists():
+        return f"{model!r} is a file, not a model folder"
+    return (
+        f"the folder {model!r} does not exist (and it is not a model-hub id either: those "
+        "look like 'org/name')"
+    )
+
+
 def check_options(config: ModelConfig) -> None:
     """Refuse, with a message, model options that would otherwise do nothing or fail deep in
-    the engine: a device this machine lacks, a revision of a local folder, BetterTransformer
-    where optimum's is not installed."""
+    the engine: a local folder that is not there, a device this machine lacks, a revision of
+    a local folder, BetterTransformer where optimum's is not installed."""
     import torch
 
     name = config.served_name
+    missing = _missing_folder(config)
+    if missing is not None:
+        raise EngineFailure(f"model {name!r}: {missing}")
     device = config.device.split(":")[0]
     if device == "cuda" and not torch.cuda.is_available():
         raise EngineFailure(

@@ -358,7 +358,9 @@ async def test_a_lazy_model_that_cannot_load_is_a_503_naming_why(tmp_path: Any) 
         assert message.startswith("Model 'broken' failed to load; retry later"), message
         assert str(tmp_path) not in message and "Error" not in message
     assert admin.status_code == 503 and admin.json()["error"]["code"] == "model_load_failed"
-    assert str(tmp_path) in admin.json()["error"]["message"]  # the admin API gives the reason
+    reason = admin.json()["error"]["message"]  # the admin API gives the reason
+    assert f"the folder '{tmp_path / 'missing'}' does not exist" in reason  # not "Repo id must..."
+    assert "not a model-hub id either" in reason and "HFValidationError" not in reason
     assert state["state"] == "failed" and str(tmp_path) in state["error"] and state["loads"] == 0
 
 
