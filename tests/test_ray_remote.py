@@ -413,3 +413,13 @@ async def test_an_upload_whose_client_vanishes_is_dropped(
     assert not batch.calls  # nothing left waiting for the rest of the body
     assert (await remote.get("/v1/files")).json()["data"] == before
     assert not any(m.get("status") == 200 for m in sent)
+
+
+def test_distinct_served_names_get_distinct_deployments() -> None:
+    from openai_compat.ray_serve.deployments import deployment_name
+
+    names = ["a/b", "a_b", "a b", "a:b", "minilm", "bge.small-v1.5"]
+    deployments = [deployment_name(n) for n in names]
+    assert len(set(deployments)) == len(names)  # "a/b" and "a_b" were both model-a_b
+    assert deployments[4:] == ["model-minilm", "model-bge.small-v1.5"]  # safe names as is
+    assert all(d.startswith("model-a_b") for d in deployments[:4])

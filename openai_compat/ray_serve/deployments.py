@@ -5,6 +5,7 @@ through DeploymentHandles; ray_serve/remote.py)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -179,7 +180,13 @@ def _deployment(cls: type) -> Any:
 
 
 def deployment_name(model: str) -> str:
-    return "model-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
+    """Ray's name for a model's deployment: the served name where every character is one Ray
+    takes as is; else the name made safe plus a hash of the original, so distinct served
+    names ("a/b", "a_b") never share one deployment."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
+    if safe == model:
+        return "model-" + safe
+    return f"model-{safe}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
 
 
 def application(settings: Settings) -> Any:
