@@ -3,8 +3,9 @@
 A pod with a CPU limit, a container given two cores of a 64-core host, or `taskset` all leave
 `os.cpu_count()` saying the host's number; torch (OpenMP), the tokenizers (Rayon) and MKL
 then start one thread per host core and fight over the few they may run on, which is how a
-shared machine turns into a collapse. Here: the affinity mask, capped by a cgroup CPU quota
-(v2 `cpu.max`, v1 `cpu.cfs_quota_us`), rounded up; the pools get that many threads unless
+shared machine turns into a collapse. Here: the affinity mask, capped by the smallest cgroup
+CPU quota from the process's own cgroup up to the root (v2 `cpu.max`, v1
+`cpu.cfs_quota_us`), rounded up; the pools get that many threads unless
 the operator set their variables.
 """
 
@@ -25,30 +26,78 @@ THREAD_VARIABLES = (
 )
 
 
-def cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
-    """CPUs a cgroup CPU quota allows (e.g. 1.5), or None without one."""
+def cgroup_quota(
+    root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")
+) -> float | None:
+    """CPUs the cgroup CPU quotas allow this process (e.g. 1.5), or None without one: the
+    smallest quota on the path from the process's own cgroup (named in /proc/self/cgroup)
+    up to the hierarchy's root, since a parent's quota caps every child. cgroup v2's
+    `cpu.max`, else v1's `cpu.cfs_quota_us` / `cpu.cfs_period_us`."""
+    v2_path, v1_path = _own_cgroups(proc)
+    quotas = [q for level in _levels(root, v2_path) if (q := _v2_quota(level)) is not None]
+    if not quotas:
+        mount = root / "cpu"
+        quotas = [q for level in _levels(mount, v1_path) if (q := _v1_quota(level)) is not None]
+    return min(quotas) if quotas else None
+
+
+def _own_cgroups(proc: Path) -> tuple[str, str]:
+    """This process's cgroup path in the v2 hierarchy and in v1's cpu controller ("/" where
+    /proc does not say)."""
+    v2 = v1 = "/"
     try:
-        text = (root / "cpu.max").read_text().split()  # v2: "max 100000" or "150000 100000"
-        if text and text[0] != "max":
-            return int(text[0]) / int(text[1])
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return v2, v1
+    for line in lines:
+        hierarchy, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if hierarchy == "0" and controllers == "":
+            v2 = path or "/"
+        elif "cpu" in controllers.split(","):
+            v1 = path or "/"
+    return v2, v1
+
+
+def _levels(mount: Path, path: str) -> list[Path]:
+    """The cgroup folder of `path` under `mount` and each parent up to the mount, deepest
+    first; the mount alone where it has no such folder (inside a cgroup namespace, a
+    container's own cgroup is the mount's root)."""
+    here = mount / path.strip("/")
+    if not path.strip("/") or not here.is_dir():
+        return [mount]
+    levels = [here]
+    while here != mount:
+        here = here.parent
+        levels.append(here)
+    return levels
+
+
+def _v2_quota(folder: Path) -> float | None:
+    try:
+        text = (folder / "cpu.max").read_text().split()  # "max 100000" or "150000 100000"
+        return int(text[0]) / int(text[1]) if text and text[0] != "max" else None
+    except (OSError, ValueError, IndexError, ZeroDivisionError):
         return None
-    except (OSError, ValueError, IndexError):
-        pass
-    try:  # v1
-        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-        return quota / period if quota > 0 and period > 0 else None
+
+
+def _v1_quota(folder: Path) -> float | None:
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text())
+        period = int((folder / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError):
         return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
-def available(root: Path = Path("/sys/fs/cgroup")) -> tuple[int, str]:
+def available(
+    root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")
+) -> tuple[int, str]:
     """(CPUs this process may use, what decided it)."""
     try:
         count, source = len(os.sched_getaffinity(0)), "affinity"
     except AttributeError:  # not Linux
         count, source = os.cpu_count() or 1, "cpu_count"
-    quota = cgroup_quota(root)
+    quota = cgroup_quota(root, proc)
     if quota is not None and math.ceil(quota) < count:
         count, source = max(1, math.ceil(quota)), f"cgroup quota {quota:g}"
     return count, source

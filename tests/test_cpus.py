@@ -52,3 +52,29 @@ def test_a_server_on_one_cpu_sizes_every_pool_to_one() -> None:
     assert report["available"] == 1 and report["source"] == "affinity"
     assert report["torch_threads"] == 1 and report["torch_interop_threads"] == 1
     assert report["tokenizer_threads"] == 1 and report["omp_num_threads"] == "1"
+
+
+def test_the_quota_is_the_smallest_on_the_processs_own_cgroup_path(tmp_path: Path) -> None:
+    """A pod's quota sits on its own cgroup, not the hierarchy's root (which has none): read
+    /proc/self/cgroup's path and take the smallest quota from there up."""
+    proc = tmp_path / "proc-cgroup"
+    root = tmp_path / "v2"
+    (root / "kubepods" / "pod1" / "app").mkdir(parents=True)
+    (root / "cpu.max").write_text("max 100000\n")
+    (root / "kubepods" / "cpu.max").write_text("400000 100000\n")
+    (root / "kubepods" / "pod1" / "cpu.max").write_text("150000 100000\n")
+    (root / "kubepods" / "pod1" / "app" / "cpu.max").write_text("max 100000\n")
+    proc.write_text("0::/kubepods/pod1/app\n")
+    assert cpus.cgroup_quota(root, proc) == 1.5
+    proc.write_text("0::/kubepods\n")
+    assert cpus.cgroup_quota(root, proc) == 4.0
+    proc.write_text("0::/elsewhere\n")  # a namespaced view: its own cgroup is the mount's root
+    assert cpus.cgroup_quota(root, proc) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu" / "docker" / "abc").mkdir(parents=True)
+    for folder, quota in ((v1 / "cpu", -1), (v1 / "cpu" / "docker" / "abc", 50000)):
+        (folder / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+        (folder / "cpu.cfs_period_us").write_text("100000\n")
+    proc.write_text("4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n")
+    assert cpus.cgroup_quota(v1, proc) == 0.5
+    assert cpus.available(v1, proc) == (1, "cgroup quota 0.5")
