@@ -4,6 +4,11 @@ CI runs this before the test suite (the suite's venv has the `test` extra, which
 runtime dependency that only a test package brings). Steps:
 
 1. a new venv with no extras: the `pip install ...` steps of the README's first command, as written;
+   the torch they install must be a CPU build (`torch.version.cuda is None`: on Linux PyPI's
+   torch is the CUDA build, which the README's PyTorch CPU index avoids). pip's configuration is
+   not isolated for that step here: this machine reaches no PyTorch index, only the local wheel
+   folder its pip configuration names (which holds the same CPU build); elsewhere the step runs
+   as any user runs it;
 2. `openai-compat serve` on the offline default model: wait for /ready, one /v1/embeddings answer
    (384 floats whose cosine matches the packaged model's known value), SIGTERM, exit status 0;
 3. the same venv with the package re-installed non-editable (`pip install .`, what the Dockerfile
@@ -121,6 +126,17 @@ def serve_and_check(venv: Path, cwd: Path, data_home: Path, label: str) -> None:
             proc.wait()
 
 
+def check_cpu_torch(venv: Path) -> None:
+    """The venv's torch is a CPU build (a CUDA one is gigabytes a CPU server never uses)."""
+    probe = "import torch; print(torch.__version__, torch.version.cuda)"
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", probe], check=True, capture_output=True, text=True
+    ).stdout.split()
+    if len(out) != 2 or out[1] != "None":
+        raise SystemExit(f"the README's install gave torch {' '.join(out)}: a CUDA build")
+    print(f"torch {out[0]}: a CPU build", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="keep the temporary venv")
@@ -139,6 +155,7 @@ def main() -> None:
         pip = [str(venv / "bin" / "python"), "-m", "pip"]
         for step in installs:  # exactly the README's pip steps, in the repo root
             run(pip + shlex.split(step)[1:] + ["-q"], cwd=ROOT)
+        check_cpu_torch(venv)
         serve_and_check(venv, ROOT, work / "data-editable", "pip install -e .")
 
         # What the Dockerfile and cerebrium.toml run: a real (non-editable) install.

@@ -147,7 +147,7 @@ def test_cerebrium_values_fit_the_server() -> None:
     # the shipped production config is the tutorial's four models, in its order
     prod = tomllib.loads((ROOT / args["--config"]).read_text())["models"]
     assert [m["model"] for m in prod] == [
-        "jinaai/jina-clip-v1",
+        "openai/clip-vit-base-patch32",
         "michaelfeil/bge-small-en-v1.5",
         "mixedbread-ai/mxbai-rerank-xsmall-v1",
         "philschmid/tiny-bert-sst2-distilled",

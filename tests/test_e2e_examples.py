@@ -38,7 +38,7 @@ SKIP_REASONS = ("install", "docker", "ray cluster", "benchmark")
 MARKER = re.compile(r"<!-- example: (.+?) -->")
 # hub id in configs/*.toml -> the local model that stands in for it (the fixtures' names)
 HUB_STAND_INS = {
-    "jinaai/jina-clip-v1": "clip",
+    "openai/clip-vit-base-patch32": "clip",
     "michaelfeil/bge-small-en-v1.5": "minilm",
     "mixedbread-ai/mxbai-rerank-xsmall-v1": "reranker",
     "philschmid/tiny-bert-sst2-distilled": "classifier",

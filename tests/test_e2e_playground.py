@@ -393,7 +393,7 @@ def test_on_the_default_server_the_page_explains_what_it_cannot_show(
     np.testing.assert_allclose(cells, (vectors @ vectors.T).ravel(), atol=1e-6)
     tab.shot("default-similarity")
 
-    enable = (("images", 'model = "jinaai/jina-clip-v1"'), ("sparse", 'kind = "sparse"'))
+    enable = (("images", 'model = "openai/clip-vit-base-patch32"'), ("sparse", 'kind = "sparse"'))
     for panel, config in enable:
         assert "unavailable" in (p.get_attribute(f".tab[data-panel={panel}]", "class") or "")
         tab.tab(panel)

@@ -116,7 +116,7 @@ const ENABLE = {
   ],
   image: [
     "a CLIP-style model (texts and images in one space)",
-    '[[models]]\nname = "jina-clip-v1"\nmodel = "jinaai/jina-clip-v1"\ntrust_remote_code = true',
+    '[[models]]\nname = "clip-vit-base-patch32"\nmodel = "openai/clip-vit-base-patch32"',
   ],
   sparse: [
     "a SPLADE model (sparse vectors)",
