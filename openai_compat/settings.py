@@ -191,8 +191,9 @@ class Settings(BaseModel):
     data_dir: Path | None = _opt(
         None,
         "Where the Files and Batch APIs keep their state: batch.sqlite3 (jobs, files) and the "
-        "files themselves (default: $XDG_DATA_HOME/openai-compat, else "
-        "~/.local/share/openai-compat).",
+        "files themselves (default: $XDG_DATA_HOME/openai-compat/port-PORT, else "
+        "~/.local/share/openai-compat/port-PORT: one per port, so two servers never share "
+        "one).",
     )
     batch_max_requests: int = _opt(
         50_000, "Most request lines in one batch input file (OpenAI's limit).", ge=1
@@ -234,10 +235,16 @@ class Settings(BaseModel):
     )
 
     def data(self) -> Path:
+        """--data-dir, else one per port under $XDG_DATA_HOME/openai-compat (two servers of
+        one user never share the Batch API's state and lock by default); a data dir made
+        there before per-port defaults (batch.sqlite3 at the top) is kept."""
         if self.data_dir is not None:
             return self.data_dir
         base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-        return Path(base) / "openai-compat"
+        shared = Path(base) / "openai-compat"
+        if (shared / "batch.sqlite3").exists():
+            return shared
+        return shared / f"port-{self.port}"
 
     def exports(self) -> Path:
         return self.export_dir or default_export_dir()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator
 from functools import partial
@@ -70,6 +71,7 @@ class BatchService:
                     self.settings.data(),
                     max_bytes=self.settings.batch_max_data_bytes,
                     min_free=self.settings.batch_min_free_bytes,
+                    holder=f"pid {os.getpid()}, port {self.settings.port}",
                 )
             except StoreBusy as exc:
                 raise ServiceUnavailable(str(exc), code="data_dir_in_use") from exc

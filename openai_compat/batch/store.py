@@ -43,9 +43,12 @@ OPEN_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 
 
 class Store:
-    def __init__(self, root: Path, *, max_bytes: int = 0, min_free: int = 0) -> None:
+    def __init__(
+        self, root: Path, *, max_bytes: int = 0, min_free: int = 0, holder: str = ""
+    ) -> None:
         """`max_bytes`: what the data dir may hold (0: no quota); `min_free`: free disk
-        always left on its filesystem (see room())."""
+        always left on its filesystem (see room()); `holder`: who this process is (pid,
+        port), written into the data dir's lock for a second process to name."""
         self.root = root
         self.max_bytes = max_bytes
         self.min_free = min_free
@@ -59,11 +62,17 @@ class Store:
         try:
             fcntl.flock(self._dir_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            self._dir_lock.seek(0)
+            held_by = self._dir_lock.read(200).strip()
             self._dir_lock.close()
             raise StoreBusy(
-                f"the data dir {root} is in use by another openai-compat process; give each "
-                "process its own --data-dir"
+                f"the data dir {root} is in use by another openai-compat process"
+                f"{f' ({held_by})' if held_by else ''}; give each server its own --data-dir"
             ) from exc
+        self._dir_lock.seek(0)
+        self._dir_lock.truncate()
+        self._dir_lock.write(holder or f"pid {os.getpid()}")
+        self._dir_lock.flush()
         self._lock = threading.Lock()
         self._db = sqlite3.connect(root / "batch.sqlite3", check_same_thread=False)
         self._db.row_factory = sqlite3.Row
