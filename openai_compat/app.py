@@ -35,7 +35,7 @@ from openai_compat.metrics import Metrics
 from openai_compat.middleware import FastPathMiddleware, GatewayMiddleware, fast_path_table
 from openai_compat.pool import ModelPool
 from openai_compat.registry import EngineFailure, ModelEntry, Registry
-from openai_compat.settings import ConfigError, Settings
+from openai_compat.settings import Settings
 
 logger = logging.getLogger("openai_compat")
 
@@ -85,12 +85,7 @@ def create_app(
     Batch API requests go to the one BatchServer that owns the data dir).
     """
     registry = registry if registry is not None else Registry(settings.served_models())
-    eager = sum(1 for c in registry.configs if c.load == "eager")
-    if settings.max_loaded_models and eager > settings.max_loaded_models:
-        raise ConfigError(
-            f"{eager} models load eagerly but --max-loaded-models is "
-            f'{settings.max_loaded_models}: set load = "lazy" on the others'
-        )
+    settings.check_model_pool(registry.configs)
     if registry.pool is None and not registry.complete:
         registry.pool = ModelPool(
             registry.configs,

@@ -6,15 +6,17 @@ Read once at start-up and passed in; nothing here runs at import time.
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from openai_compat.settings import ENV_PREFIX, ConfigError, ModelConfig, Settings
 
@@ -72,21 +74,52 @@ def from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
+def _hint(name: str, known: Iterable[str]) -> str:
+    """' (did you mean X?)' for a misspelt option, else ''."""
+    if name in ("model", "model_table"):
+        return " (each model is a [[models]] table: two brackets, plural)"
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def from_toml(path: Path) -> dict[str, Any]:
     """A config file: top-level server options plus [[models]] tables."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise ConfigError(f"config file {path} does not exist") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    unknown = set(data) - set(Settings.model_fields) - {"models"}
+    known = [*Settings.model_fields, "models"]
+    unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ConfigError(f"config file {path}: unknown option(s) {sorted(unknown)}")
+        hints = ", ".join(f"{name!r}{_hint(name, known)}" for name in unknown)
+        raise ConfigError(f"config file {path}: unknown option(s) {hints}")
     if "config" in data:
         raise ConfigError(f"config file {path}: 'config' cannot be set inside a config file")
+    stray = data.get("model")  # --model's specs; a table there is a misspelt [[models]]
+    if isinstance(stray, dict) or (
+        isinstance(stray, list) and any(isinstance(t, dict) for t in stray)
+    ):
+        form = "[model]" if isinstance(stray, dict) else "[[model]]"
+        raise ConfigError(
+            f"config file {path}: {form} is not a model table; write each model as a "
+            "[[models]] table (plural, two brackets)"
+        )
+    tables = data.pop("models", [])
+    if isinstance(tables, dict):
+        raise ConfigError(
+            f"config file {path}: [models] is one table; write each model as its own "
+            "[[models]] table (two brackets)"
+        )
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(
+            f"config file {path}: models must be [[models]] tables (name, model, ...)"
+        )
     models = []
-    for i, table in enumerate(data.pop("models", [])):
+    for i, table in enumerate(tables):
         table = dict(table)
         model = table.get("model")
         # Paths written relative to the config file mean relative to it, not to the cwd.
@@ -95,7 +128,8 @@ def from_toml(path: Path) -> dict[str, Any]:
         try:
             models.append(ModelConfig(**table))
         except ValidationError as exc:
-            raise ConfigError(f"config file {path}: [[models]] #{i + 1}: {exc}") from exc
+            where = partial(_same, f"config file {path}, [[models]] #{i + 1}")
+            raise ConfigError(describe_errors(exc, where, ModelConfig)) from None
     data["models"] = tuple(models)
     return data
 
@@ -108,14 +142,45 @@ def build_settings(
     cli_values = {k: v for k, v in (cli or {}).items() if v is not None}
     config_path = cli_values.get("config", env_values.get("config"))
     merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}  # option -> where its value came from, for the error message
     if config_path:
-        merged.update(from_toml(Path(config_path)))
+        from_file = from_toml(Path(config_path))
+        merged.update(from_file)
+        origin.update(dict.fromkeys(from_file, f"config file {config_path}"))
         merged["config"] = Path(config_path)
     merged.update(env_values)
+    origin.update({k: f"environment variable {env_name(k)}" for k in env_values})
     merged.update(cli_values)
+    origin.update({k: "--" + k.replace("_", "-") for k in cli_values})
     try:
         settings = Settings(**merged)
     except ValidationError as exc:
-        raise ConfigError(str(exc)) from exc
+        raise ConfigError(
+            describe_errors(exc, lambda field: origin.get(field, "the defaults"), Settings)
+        ) from None
     settings.served_models()  # surfaces bad specs and duplicate names before anything loads
+    settings.check_model_pool()
     return settings
+
+
+def _same(where: str, field: str) -> str:
+    return where
+
+
+def describe_errors(
+    exc: ValidationError, origin: Callable[[str], str], model: type[BaseModel]
+) -> str:
+    """pydantic's errors as one line: each option by name, with where its value came from
+    (a config file, an environment variable, a flag) and what is wrong with it."""
+    parts = []
+    for error in exc.errors(include_url=False):
+        loc = [str(p) for p in error["loc"]]
+        field = loc[0] if loc else ""
+        name = ".".join(loc) if loc else "the settings"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = f"unknown option{_hint(field, model.model_fields)}"
+        given = error.get("input")
+        shown = f", got {given!r}" if loc and isinstance(given, str | int | float) else ""
+        parts.append(f"{name} ({origin(field)}): {message}{shown}")
+    return "; ".join(parts)

@@ -9,6 +9,7 @@ they import nothing else of the package but each other.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -233,6 +234,16 @@ class Settings(BaseModel):
         "resources. Always one replica.",
         cli=False,
     )
+
+    def check_model_pool(self, configs: Sequence[ModelConfig] | None = None) -> None:
+        """More eager models than --max-loaded-models may hold can never start."""
+        configs = self.served_models() if configs is None else configs
+        eager = sum(1 for c in configs if c.load == "eager")
+        if self.max_loaded_models and eager > self.max_loaded_models:
+            raise ConfigError(
+                f"{eager} models load eagerly but --max-loaded-models is "
+                f'{self.max_loaded_models}: set load = "lazy" on the others'
+            )
 
     def data(self) -> Path:
         """--data-dir, else one per port under $XDG_DATA_HOME/openai-compat (two servers of

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,56 @@ def test_download_of_a_model_it_cannot_reach_says_so_in_one_line(tmp_path: Path)
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("openai-compat download: missing (org/not-in-any-cache): ")
     assert f"local: local folder {tmp_path}, nothing to download" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "argv", "says"),
+    [
+        ('[models]\nname = "m"\nmodel = "debug/m"\n', {}, [], "[models] is one table"),
+        ('[[model]]\nname = "m"\n', {}, [], "[[model]] is not a model table"),
+        ('[model]\nname = "m"\n', {}, [], "[model] is not a model table"),
+        ('prot = 8000\n', {}, [], "'prot' (did you mean 'port'?)"),
+        ('port = "abc"\n', {}, [], "port (config file CFG): Input should be a valid integer"),
+        ("", {"OPENAI_COMPAT_PORT": "abc"}, [], "port (environment variable OPENAI_COMPAT_PORT)"),
+        ("", {}, ["--max-loaded-models", "-3"], "max_loaded_models (--max-loaded-models)"),
+        (
+            'max_loaded_models = 1\n[[models]]\nmodel = "debug/a"\nname = "a"\n'
+            '[[models]]\nmodel = "debug/b"\nname = "b"\n',
+            {},
+            [],
+            "2 models load eagerly but --max-loaded-models is 1",
+        ),
+        (
+            '[[models]]\nmodel = "debug/a"\nkeep_alive = 1e400\n',
+            {},
+            [],
+            "keep_alive (config file CFG, [[models]] #1): keep_alive must be a finite",
+        ),
+    ],
+)
+def test_every_configuration_mistake_is_one_line_naming_its_source(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    toml: str,
+    env: dict[str, str],
+    argv: list[str],
+    says: str,
+) -> None:
+    """No traceback, exit status 2, one `openai-compat: configuration error:` line that says
+    where the value came from (two eager models past --max-loaded-models, [models] for
+    [[models]] and a top-level type error printed tracebacks or raw pydantic text)."""
+    from openai_compat import cli
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(toml)
+    for name in [n for n in os.environ if n.startswith("OPENAI_COMPAT_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["serve", *(["--config", str(cfg)] if toml else []), *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("openai-compat: configuration error: "), err
+    assert says.replace("CFG", str(cfg)) in err[0], err[0]
