@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -20,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_compat.errors import (
@@ -57,13 +59,26 @@ ADMIN_PREFIX = "/admin"  # model load/unload (api/admin.py): the admin key only
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 
 
-def route_label(path: str, known: frozenset[str]) -> str:
-    """A bounded label for metrics: the route template, never a raw client path."""
-    if path in known:
-        return path
-    if path.startswith(("/v1/models/", "/models/")):
-        return path[: path.index("/models/") + 8] + "{model_id}"
-    return "unmatched"
+class RouteLabels:
+    """Bounded labels for metrics: each path's route template (`/v1/batches/{batch_id}`),
+    matched as the router matches it; never a raw client path ("unmatched" if no route)."""
+
+    def __init__(self, templates: Iterable[str]) -> None:
+        self.exact = {t for t in templates if "{" not in t}
+        # the label without converters: /admin/models/{name}/load, not {name:path}
+        self.patterns = [
+            (compile_path(t)[0], re.sub(r"\{(\w+):\w+\}", r"{\1}", t))
+            for t in templates
+            if "{" in t
+        ]
+
+    def __call__(self, path: str) -> str:
+        if path in self.exact:
+            return path
+        for pattern, template in self.patterns:
+            if pattern.match(path):
+                return template
+        return "unmatched"
 
 
 PEEK = 4096  # body bytes kept to tell a shared path's dialect (its key comes first)
@@ -110,6 +125,7 @@ class GatewayMiddleware:
         self.lifecycle = lifecycle
         self.metrics = metrics
         self.known = known_paths
+        self.route_label = RouteLabels(known_paths)
         self.keys = [k.encode() for k in settings.api_key]
         self.admin_keys = [settings.admin_key.encode()] if settings.admin_key else []
         protect = settings.protect_docs_and_metrics
@@ -262,7 +278,7 @@ class GatewayMiddleware:
     def _record(self, scope: Scope, path: str, status: int, start: float) -> None:
         elapsed = time.perf_counter() - start
         state = scope["state"]
-        route = route_label(path, self.known)
+        route = self.route_label(path)
         model = state.get("model", "")
         m = self.metrics
         m.requests.labels(route, model, str(status)).inc()
