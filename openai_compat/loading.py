@@ -10,6 +10,7 @@ inference.py; its internals only in engine/adapter.py.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import time
@@ -88,6 +89,29 @@ def _missing_folder(config: ModelConfig) -> str | None:
     )
 
 
+# engine -> (the extra that brings it, the modules it needs)
+_EXTRAS = {
+    "onnx": ("onnx", ("optimum.onnxruntime", "onnxruntime")),
+    "openvino": ("openvino", ("optimum.intel", "openvino")),
+}
+
+
+def _missing_extra(engine: str) -> str | None:
+    """The extra to install for a CPU backend whose libraries are missing (the libraries'
+    own hint names their packages, not ours)."""
+    if engine not in _EXTRAS:
+        return None
+    extra, modules = _EXTRAS[engine]
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package is missing
+            found = False
+        if not found:
+            return extra
+    return None
+
+
 def check_options(config: ModelConfig) -> None:
     """Refuse, with a message, model options that would otherwise do nothing or fail deep in
     the engine: a local folder that is not there, a device this machine lacks, a revision of
@@ -109,6 +133,12 @@ def check_options(config: ModelConfig) -> None:
         raise EngineFailure(
             f"model {name!r}: revision = {config.revision!r} applies to model-hub ids; "
             f"{config.model!r} is a local folder (it has no revisions)"
+        )
+    extra = _missing_extra(config.engine)
+    if extra is not None:
+        raise EngineFailure(
+            f"model {name!r}: engine = {config.engine!r} needs the {extra!r} extra, which is "
+            f"not installed: pip install 'openai-compat[{extra}]'"
         )
     wants_bt = config.bettertransformer and config.engine not in BACKENDS
     if wants_bt and not adapter.bettertransformer_available():

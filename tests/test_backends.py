@@ -239,3 +239,23 @@ async def test_exported_models_load_lazily_and_reload_from_the_cache(
             state = (await c.get("/admin/models", headers=admin)).json()["data"]
             assert {m["id"]: m["loads"] for m in state}[name] == 2
     assert [f.stat().st_mtime_ns for f in downloaded] == mtimes  # no export made again
+
+
+@pytest.mark.parametrize(("engine", "module"), [("onnx", "onnxruntime"), ("openvino", "openvino")])
+def test_a_backend_without_its_extra_names_ours(
+    engine: str, module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """engine = "onnx" without the extra said the library's `pip install optimum[...]`."""
+    import importlib.util
+
+    from openai_compat import loading
+    from openai_compat.registry import EngineFailure
+    from openai_compat.settings import ModelConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a)
+    )
+    config = ModelConfig(model="builtin:all-MiniLM-L6-v2", name="m", engine=engine)
+    with pytest.raises(EngineFailure, match=rf"pip install 'openai-compat\[{engine}\]'"):
+        loading.check_options(config)
