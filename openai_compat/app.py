@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import importlib
 import logging
+import re
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
@@ -27,7 +29,7 @@ from openai_compat.batch import routes as batch_routes
 from openai_compat.batch.service import BatchService
 from openai_compat.bodies import BodyParser
 from openai_compat.cache import EmbeddingCache
-from openai_compat.errors import APIError, install_error_handlers
+from openai_compat.errors import APIError, family_of, install_error_handlers
 from openai_compat.lifecycle import Lifecycle, in_daemon_thread
 from openai_compat.loading import ModelLoader, stop_engines, unload_entry
 from openai_compat.media import MediaFetcher
@@ -157,7 +159,6 @@ def create_app(
     app.state.metrics = metrics
     install_error_handlers(app)
 
-    app.openapi = lambda: custom_openapi(app)  # type: ignore[method-assign]
     # (router, prefix, in OpenAPI): the /v1 routes also answer without /v1 for clients
     # configured with a bare base URL; the tutorial's /classify also takes /v1/classify's body.
     mounted = [
@@ -187,6 +188,12 @@ def create_app(
         for route in router.routes
         if isinstance(route, APIRoute)
     ]
+    served = {  # as the schema names them: {model_id}, not {model_id:path}
+        (re.sub(r"\{(\w+):\w+\}", r"{\1}", path), m.lower())
+        for path, route in routes
+        for m in route.methods or ()
+    }
+    app.openapi = lambda: custom_openapi(app, served)  # type: ignore[method-assign]
     # Every POST handler takes only the Request, so it is served straight from the fast path
     # (checked here); GETs (probes, models, docs) go through the normal router.
     fast = fast_path_table(routes)
@@ -202,13 +209,40 @@ def create_app(
     return app
 
 
-def custom_openapi(app: FastAPI) -> dict[str, Any]:
+def _document_bare_twins(schema: dict[str, Any], served: set[tuple[str, str]]) -> None:
+    """The /v1 operations also served without /v1 (for clients given a bare base URL) are
+    documented there too, where no other dialect documents that path (bare GET /models is
+    infinity's own). `served`: every (path, method) the app answers."""
+    paths = schema.setdefault("paths", {})
+    for path, item in list(paths.items()):
+        if not path.startswith("/v1/"):
+            continue
+        bare = path.removeprefix("/v1")
+        for method, operation in item.items():
+            if (bare, method) not in served or method in paths.get(bare, {}):
+                continue
+            twin = copy.deepcopy(operation)
+            twin["operationId"] = f"{operation.get('operationId', method)}_bare"
+            if family_of(bare) == "infinity":  # bare /embeddings: infinity's 422 bodies
+                twin["responses"]["422"] = {
+                    "description": "Invalid request body (infinity's)",
+                    "content": {
+                        "application/json": {
+                            "schema": {"$ref": "#/components/schemas/InfinityValidationError"}
+                        }
+                    },
+                }
+            paths.setdefault(bare, {})[method] = twin
+
+
+def custom_openapi(app: FastAPI, served: set[tuple[str, str]]) -> dict[str, Any]:
     """FastAPI's schema plus the request models that routes parse themselves (read_body)."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(
         title=app.title, version=app.version, summary=app.summary, routes=app.routes
     )
+    _document_bare_twins(schema, served)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     # every body a route documents (api.request.body_openapi), so no $ref dangles
     for model in DOCUMENTED_BODIES.values():

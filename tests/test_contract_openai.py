@@ -152,6 +152,8 @@ def test_files_and_batches(api: httpx.Client) -> None:
     assert (
         content.status_code == 200 and json.loads(content.text.splitlines()[0])["custom_id"] == "a"
     )
+    # the spec's media type (it was application/jsonl)
+    assert content.headers["content-type"].split(";")[0] == "application/json"
     r = api.delete(f"/files/{batch['output_file_id']}")
     assert _check("/files/{file_id}", "delete", r)["deleted"] is True
     r = api.get("/files/file-nope")

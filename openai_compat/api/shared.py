@@ -20,7 +20,11 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
-from openai_compat.api.infinity.protocol import InfinityClassifyRequest, InfinityRerankRequest
+from openai_compat.api.infinity.protocol import (
+    INFINITY_ERROR_RESPONSES,
+    InfinityClassifyRequest,
+    InfinityRerankRequest,
+)
 from openai_compat.api.infinity.routes import infinity_classify, infinity_rerank
 from openai_compat.api.request import body_openapi, read_body
 from openai_compat.api.tei.protocol import (
@@ -100,10 +104,15 @@ def no_dialect(path: str) -> BadRequest:
 
 
 router = APIRouter(tags=["shared bare paths"])
-# Errors come in the body's dialect's shape: OpenAI's, or TEI's (with TEI's status codes).
+# Errors come in the body's dialect's shape: OpenAI's, infinity's (its 422), or TEI's (with
+# TEI's status codes).
 _RESPONSES: dict[int | str, dict[str, object]] = {
     code: {"description": f"{spec['description']} ({family} body)"}
-    for family, table in (("OpenAI", ERROR_RESPONSES), ("TEI", TEI_ERROR_RESPONSES))
+    for family, table in (
+        ("OpenAI", ERROR_RESPONSES),
+        ("infinity", INFINITY_ERROR_RESPONSES),
+        ("TEI", TEI_ERROR_RESPONSES),
+    )
     for code, spec in table.items()
 }
 

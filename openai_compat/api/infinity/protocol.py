@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-from openai_compat.protocol import UNNAMED, EmbeddingRequest
+from openai_compat.protocol import ERROR_RESPONSES, UNNAMED, EmbeddingRequest
 
 # infinity-emb's own limits on its request bodies (its OpenAPI document): a string over
 # MAX_CHARS, or more than MAX_ITEMS items, is its 422.
@@ -58,3 +58,15 @@ class InfinityEmbeddingRequest(EmbeddingRequest):
             if isinstance(text, str) and len(text) > MAX_CHARS:
                 raise ValueError(f"String should have at most {MAX_CHARS} characters")
         return value
+
+
+class InfinityValidationError(BaseModel):
+    """FastAPI's 422 body, as infinity-emb's server answers an invalid request body."""
+
+    detail: list[dict[str, Any]]
+
+
+INFINITY_ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
+    **ERROR_RESPONSES,
+    422: {"model": InfinityValidationError, "description": "Invalid request body (infinity's)"},
+}

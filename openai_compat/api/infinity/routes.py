@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_compat.api.infinity.protocol import (
+    INFINITY_ERROR_RESPONSES,
     InfinityClassifyRequest,
     InfinityEmbeddingRequest,
     InfinityMediaRequest,
@@ -153,7 +154,7 @@ async def infinity_models(request: Request) -> Response:
 @router.post(
     "/embeddings_image",
     response_model=EmbeddingResponse,
-    responses=ERROR_RESPONSES,
+    responses=INFINITY_ERROR_RESPONSES,
     openapi_extra=body_openapi(InfinityMediaRequest),
 )
 async def embeddings_image(request: Request) -> Response:
@@ -164,7 +165,7 @@ async def embeddings_image(request: Request) -> Response:
 @router.post(
     "/embeddings_audio",
     response_model=EmbeddingResponse,
-    responses=ERROR_RESPONSES,
+    responses=INFINITY_ERROR_RESPONSES,
     openapi_extra=body_openapi(InfinityMediaRequest),
 )
 async def embeddings_audio(request: Request) -> Response:

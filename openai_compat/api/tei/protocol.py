@@ -96,6 +96,7 @@ class TeiError(BaseModel):
 TEI_ERROR_RESPONSES = error_responses(
     TeiError,
     {
+        400: "Empty input (TEI's Empty)",
         401: "Missing or wrong API key",
         413: "Input too long, or too many inputs",
         422: "Invalid request",
