@@ -61,3 +61,17 @@ def test_slug_follows_github() -> None:
     assert slug("How requests reach the engine (wave batching)") == (
         "how-requests-reach-the-engine-wave-batching"
     )
+
+
+def test_the_configuration_page_names_every_option() -> None:
+    """docs/configuration.md says it lists every option: each of serve's flags and its
+    environment variable is there (15 were missing, the admin key among them)."""
+    from openai_compat.config import cli_fields, env_name
+
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    missing = [
+        name
+        for name in cli_fields()
+        if f"`--{name.replace('_', '-')}" not in page or env_name(name) not in page
+    ]
+    assert missing == []
