@@ -112,6 +112,43 @@ def _missing_extra(engine: str) -> str | None:
     return None
 
 
+def _unreachable_hub_model(config: ModelConfig) -> str | None:
+    """Why a hub model cannot load, said once, before the engine starts: it is not in the
+    local cache and the hub cannot be reached (the hub library would retry each of its files
+    for ~23 s, logging every try), or the hub does not have it. None: cached, or reachable."""
+    model = config.model
+    if config.engine == "debugengine" or model.startswith(BUILTIN_PREFIX):
+        return None
+    if Path(model).expanduser().exists():
+        return None
+    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        snapshot_download(model, revision=config.revision, local_files_only=True)
+        return None  # cached: it loads from there
+    except Exception:  # not cached (or not a hub id): ask the hub below
+        pass
+    where = f"it is not in the local model cache ({constants.HF_HUB_CACHE})"
+    fix = "run `openai-compat download` where the hub is reachable, or point model at a folder"
+    if constants.HF_HUB_OFFLINE:
+        return f"{where} and HF_HUB_OFFLINE is set: {fix}"
+    try:
+        HfApi(endpoint=constants.ENDPOINT).model_info(model, revision=config.revision, timeout=10)
+    except GatedRepoError:
+        return f"{model!r} is gated on the model hub: accept its terms and set HF_TOKEN"
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        rev = f" at revision {config.revision!r}" if config.revision else ""
+        return f"the model hub has no model {model!r}{rev} (or it is private: set HF_TOKEN)"
+    except Exception as exc:  # no network, DNS, a proxy: one line, no retries
+        return f"{where} and the model hub cannot be reached ({type(exc).__name__}): {fix}"
+    return None
+
+
 def check_options(config: ModelConfig) -> None:
     """Refuse, with a message, model options that would otherwise do nothing or fail deep in
     the engine: a local folder that is not there, a device this machine lacks, a revision of
@@ -119,7 +156,7 @@ def check_options(config: ModelConfig) -> None:
     import torch
 
     name = config.served_name
-    missing = _missing_folder(config)
+    missing = _missing_folder(config) or _unreachable_hub_model(config)
     if missing is not None:
         raise EngineFailure(f"model {name!r}: {missing}")
     device = config.device.split(":")[0]

@@ -236,7 +236,8 @@ class ModelPool:
         except BaseException as exc:
             slot.state, slot.failed_at = "failed", time.monotonic()
             slot.error = str(exc) or type(exc).__name__
-            if isinstance(exc, Exception):  # not a cancellation at shutdown
+            # a lazy load or a reload: said here once (start-up reports an eager model's own)
+            if isinstance(exc, Exception) and (slot.config.load == "lazy" or slot.loads):
                 logger.error("model %r failed to load: %s", slot.name, slot.error)
             raise
         finally:
