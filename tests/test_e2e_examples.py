@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from openai_compat import demo_models
 from openai_compat.settings import ModelConfig, Settings
 from tests.fixtures.hub_cache import seed
 from tests.utils import ROOT, SERVER_ENV, RemoteServer
@@ -107,7 +108,12 @@ def test_every_example_says_what_it_needs() -> None:
         assert ("server" in options) + ("config" in options) + ("cli" in options) == 1, ex.id
         if "server" in options:
             assert options["server"] == "default", ex.id
-        if "config" in options:
+        if options.get("config") == "demo":  # the offline demo: the page says how to make it
+            text = ex.path.read_text()
+            shown = text[: text.index(ex.code)]
+            assert "openai-compat demo-models demo" in shown, f"{ex.id}: the page never says"
+            assert "--config demo/demo.toml" in shown, f"{ex.id}: the page never says"
+        elif "config" in options:
             config = ROOT / options["config"]
             assert config.parent == ROOT / "configs" and config.is_file(), ex.id
             # ... and the reader is told: the page names the command before the example
@@ -160,7 +166,18 @@ def hub_cache(
 
 
 @pytest.fixture(scope="module")
-def servers(hub_cache: Path, server: RemoteServer) -> Iterator[dict[str, RemoteServer]]:
+def demo_config(tmp_path_factory: pytest.TempPathFactory, trained_models: dict[str, Path]) -> Path:
+    """`openai-compat demo-models`'s folder, from the fixtures' models (the same recipe)."""
+    folder = tmp_path_factory.mktemp("demo")
+    (folder / "reranker").symlink_to(trained_models["reranker"])
+    (folder / "classifier").symlink_to(trained_models["classifier"])
+    return demo_models.write_config(folder)
+
+
+@pytest.fixture(scope="module")
+def servers(
+    hub_cache: Path, server: RemoteServer, demo_config: Path
+) -> Iterator[dict[str, RemoteServer]]:
     """The default server, and one per config, started on first use (the examples run in
     config order, so each starts once)."""
 
@@ -171,9 +188,11 @@ def servers(hub_cache: Path, server: RemoteServer) -> Iterator[dict[str, RemoteS
                     running.stop()
                     del self[name]
             env = {"HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1"}
-            self[config] = RemoteServer(["--config", config], env=env)
+            path = str(demo) if config == "demo" else config
+            self[config] = RemoteServer(["--config", path], env=env)
             return self[config]
 
+    demo = demo_config
     pool = Servers(default=server)
     yield pool
     for name, srv in pool.items():
