@@ -126,15 +126,18 @@ async def test_a_batch_whose_model_never_loads_yields_then_fails_its_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quick_backoff: None
 ) -> None:
     monkeypatch.setattr(runner_module, "GIVE_UP_503_S", 1.5)
+    monkeypatch.setattr(runner_module, "CHUNK", 1)  # a wave per line
     store = Store(tmp_path / "data")
     broken_id, fine_id = _two_models(store, tmp_path)  # the broken batch is older: first in line
     tries: list[float] = []
+    tries_of: dict[str, int] = {}
     finished: dict[str, float] = {}
 
     async def dispatch(url: str, body: bytes) -> tuple[int, bytes, str]:
         request = orjson.loads(body)
         if request["model"] == "broken":
             tries.append(time.monotonic())
+            tries_of[request["input"]] = tries_of.get(request["input"], 0) + 1
             return 503, UNAVAILABLE, "req-broken"
         return 200, orjson.dumps({"echo": request["input"]}), "req-fine"
 
@@ -157,8 +160,10 @@ async def test_a_batch_whose_model_never_loads_yields_then_fails_its_lines(
     assert failed[0]["response"]["body"] == orjson.loads(UNAVAILABLE)
     obj = store.batch(broken_id)
     assert obj is not None and obj["request_counts"]["failed"] == 3
-    # backed off: far fewer tries than one every 20 ms for 1.5 s per line
-    assert len(tries) < 3 * 30
+    # backed off: far fewer tries than one every 20 ms for 1.5 s; and once the batch's
+    # refusals are past the bound, the next waves' lines fail after one try each (not 1.5 s
+    # more per wave)
+    assert tries_of["t0"] < 30 and tries_of["t1"] == tries_of["t2"] == 1
     store.close()
 
 

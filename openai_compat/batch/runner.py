@@ -371,13 +371,17 @@ class Runner:
                     return "cancelling"
         results = wave.task.result()
         pause = RETRY_PAUSE
+        gave_up = False
         while True:
             refused = [i for i, r in enumerate(results) if isinstance(r, Retry)]
             if not refused:
-                self._refused_since.pop(batch_id, None)
-                self._not_before.pop(batch_id, None)
+                if not gave_up:  # the lines went through: the refusals (if any) are over
+                    self._refused_since.pop(batch_id, None)
+                    self._not_before.pop(batch_id, None)
                 return [r for r in results if isinstance(r, LineResult)]
             now = time.monotonic()
+            # When this batch's refusals began: kept across waves until lines get through,
+            # so once past GIVE_UP_503_S the next waves' 503s fail after one try each.
             since = self._refused_since.setdefault(batch_id, now)
             if now - since >= GIVE_UP_503_S:
                 for i in refused:
@@ -385,6 +389,7 @@ class Runner:
                     assert isinstance(retry, Retry)
                     if retry.status == 503 and retry.final is not None:
                         results[i] = retry.final  # fails with the answer it kept getting
+                        gave_up = True
                 if all(isinstance(r, LineResult) for r in results):
                     continue
             if self.gate.stopping():
