@@ -158,7 +158,7 @@ def check_options(config: ModelConfig) -> None:
     name = config.served_name
     missing = _missing_folder(config) or _unreachable_hub_model(config)
     if missing is not None:
-        raise EngineFailure(f"model {name!r}: {missing}")
+        raise EngineFailure(f"model {name!r} ({config.model}) failed to load: {missing}")
     device = config.device.split(":")[0]
     if device == "cuda" and not torch.cuda.is_available():
         raise EngineFailure(

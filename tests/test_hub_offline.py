@@ -36,7 +36,7 @@ def test_an_uncached_model_without_a_hub_is_one_line_and_quick(
     with caplog.at_level(logging.WARNING), pytest.raises(EngineFailure) as failed:
         loading.check_options(config)
     message = str(failed.value)
-    assert message.startswith("model 'm': it is not in the local model cache")
+    assert message.startswith("model 'm' (example-org/not-cached) failed to load: it is not in")
     assert str(no_hub) in message and "the model hub cannot be reached" in message
     assert "openai-compat download" in message and "\n" not in message
     assert not [r for r in caplog.records if "Retrying" in r.getMessage()]  # no retry spam
