@@ -6,10 +6,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import itertools
 import os
 import sys
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from openai_compat.settings import ModelConfig
 
@@ -65,6 +68,25 @@ def release() -> None:
         if mps is not None and torch.backends.mps.is_available():
             mps.empty_cache()
     trim()
+
+
+def tensor_bytes(modules: Iterable[Any]) -> int | None:
+    """Bytes of the torch tensors (parameters and buffers) of `modules`, each storage counted
+    once; None when none is a torch module (ONNX, OpenVINO). What a model itself costs,
+    unlike the process's RSS growth during its load, which also takes in whatever else the
+    process allocated meanwhile."""
+    import torch
+
+    storages: dict[int, int] = {}
+    found = False
+    for module in modules:
+        if not isinstance(module, torch.nn.Module):
+            continue
+        found = True
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values()) if found else None
 
 
 def model_file_bytes(config: ModelConfig) -> int:

@@ -3,6 +3,7 @@ status, latency, inputs and tokens, queued and in-flight work per model, load ti
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from starlette.routing import compile_path
 
 if TYPE_CHECKING:
     from openai_compat.registry import Registry
@@ -174,3 +176,25 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RouteLabels:
+    """Bounded labels for metrics: each path's route template (`/v1/batches/{batch_id}`),
+    matched as the router matches it; never a raw client path ("unmatched" if no route)."""
+
+    def __init__(self, templates: Iterable[str]) -> None:
+        self.exact = {t for t in templates if "{" not in t}
+        # the label without converters: /admin/models/{name}/load, not {name:path}
+        self.patterns = [
+            (compile_path(t)[0], re.sub(r"\{(\w+):\w+\}", r"{\1}", t))
+            for t in templates
+            if "{" in t
+        ]
+
+    def __call__(self, path: str) -> str:
+        if path in self.exact:
+            return path
+        for pattern, template in self.patterns:
+            if pattern.match(path):
+                return template
+        return "unmatched"

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -21,7 +20,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
-from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_compat.errors import (
@@ -38,7 +36,7 @@ from openai_compat.errors import (
     validation_error_response,
 )
 from openai_compat.lifecycle import Lifecycle
-from openai_compat.metrics import Metrics
+from openai_compat.metrics import Metrics, RouteLabels
 from openai_compat.settings import Settings
 from openai_compat.slots import raise_if_unloaded, request_leases
 
@@ -57,28 +55,6 @@ PAGE_PATHS = frozenset({"/", "/playground", "/playground/app.js", "/playground/a
 DOC_ASSETS_PREFIX = "/docs/assets/"
 ADMIN_PREFIX = "/admin"  # model load/unload (api/admin.py): the admin key only
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
-
-
-class RouteLabels:
-    """Bounded labels for metrics: each path's route template (`/v1/batches/{batch_id}`),
-    matched as the router matches it; never a raw client path ("unmatched" if no route)."""
-
-    def __init__(self, templates: Iterable[str]) -> None:
-        self.exact = {t for t in templates if "{" not in t}
-        # the label without converters: /admin/models/{name}/load, not {name:path}
-        self.patterns = [
-            (compile_path(t)[0], re.sub(r"\{(\w+):\w+\}", r"{\1}", t))
-            for t in templates
-            if "{" in t
-        ]
-
-    def __call__(self, path: str) -> str:
-        if path in self.exact:
-            return path
-        for pattern, template in self.patterns:
-            if pattern.match(path):
-                return template
-        return "unmatched"
 
 
 PEEK = 4096  # body bytes kept to tell a shared path's dialect (its key comes first)

@@ -25,16 +25,23 @@ from functools import partial
 from typing import Any
 
 from openai_compat import memory
-from openai_compat.errors import APIError, BadRequest, ServiceUnavailable
+from openai_compat.errors import APIError, ServiceUnavailable
 from openai_compat.settings import ModelConfig
-from openai_compat.slots import FORCED_UNLOAD, REQUEST_LEASES, Lease, Slot
+from openai_compat.slots import (
+    FORCED_UNLOAD,
+    REQUEST_LEASES,
+    RETRY_FAILED_AFTER,
+    Lease,
+    Slot,
+    give_back,
+    load_failed,
+    refuse_if_own_leases_block,
+)
 
 logger = logging.getLogger("openai_compat")
 
 ModelEntry = Any  # registry.ModelEntry (registry imports this module)
 
-# A failed lazy load is tried again by a request at most this often.
-RETRY_FAILED_AFTER = 30.0
 
 Loader = Any  # loading.ModelLoader: await loader(config) -> ModelEntry; loader.prepare()
 Unloader = Callable[[ModelEntry], Awaitable[None]]
@@ -79,14 +86,14 @@ class ModelPool:
             if slot.state == "unloading" and slot.unload_task is not None:
                 await self._wait(slot, asyncio.shield(slot.unload_task), deadline)
                 continue
-            self._held_by_this_request(slot)
+            refuse_if_own_leases_block(slot, self.max_loaded, self.budget)
             task = slot.load_task  # a load queued or under way: share it
             if task is None:
                 if (
                     slot.state == "failed"
                     and time.monotonic() - slot.failed_at < RETRY_FAILED_AFTER
                 ):
-                    raise _load_failed(slot)
+                    raise load_failed(slot)
                 task = self._start_load(slot)
             await self._wait(slot, asyncio.shield(task), deadline)
 
@@ -112,7 +119,7 @@ class ModelPool:
         except Exception as exc:  # the shared load broke: the same 503 for every waiter
             if isinstance(exc, APIError) or slot.state != "failed":
                 raise
-            raise _load_failed(slot) from exc
+            raise load_failed(slot) from exc
         finally:
             slot.waiters -= 1
 
@@ -138,12 +145,7 @@ class ModelPool:
     def give_back(self, name: str) -> None:
         """The current request no longer uses `name` (it looked at the model and chose
         another): its lease is released now, not with the response."""
-        hold = REQUEST_LEASES.get()
-        if hold is None:
-            return
-        for lease in [x for x in hold.leases if x.slot is self.slots.get(name)]:
-            hold.leases.remove(lease)
-            lease.release()
+        give_back(self.slots[name])
 
     def _release(self, lease: Lease) -> None:
         slot = lease.slot
@@ -201,11 +203,11 @@ class ModelPool:
             except Exception as exc:
                 if not for_client or isinstance(exc, APIError) or slot.state != "failed":
                     raise
-                raise _load_failed(slot, detail=detail) from exc
+                raise load_failed(slot, detail=detail) from exc
 
     async def _load(self, slot: Slot) -> None:
         try:
-            need = self._need(slot)
+            need = slot.need(self.budget)
             deadline = time.monotonic() + self.wait_timeout
             while True:
                 # Room is made, and waited for, without the load lock: a model that fits
@@ -255,31 +257,8 @@ class ModelPool:
         memory.trim()  # both readings trimmed: the load's freed scratch is not kept
         after = memory.rss()
         grown = max(after - before, 0) if before and after else None
-        weights = getattr(self.loader, "weight_bytes", lambda entry: None)(entry)
-        # Measured again at every load; the model's own tensors where the engine has them,
-        # since RSS growth also takes in whatever else the process allocated meanwhile (a
-        # concurrent request, a worker pool starting).
-        slot.resident_bytes, slot.rss_growth = (weights or grown), grown
-        slot.measured_by = "tensors" if weights else "rss" if grown is not None else None
+        slot.measured(getattr(self.loader, "weight_bytes", lambda entry: None)(entry), grown)
         return entry
-
-    def _need(self, slot: Slot) -> int:
-        """What `slot` will count against the budget; a model larger than the whole budget
-        is a 400."""
-        need = slot.charge() if self.budget else 0
-        if self.budget and need > self.budget and slot.measured_by == "rss":
-            # RSS growth is noisy (it counts all the process allocated during the load): one
-            # high reading must not refuse the model for good. Its files decide again, and
-            # this load measures it anew.
-            need = slot.file_size()
-        if self.budget and need > self.budget:
-            raise BadRequest(
-                f"Model {slot.name!r} needs {memory.human(need)}, more than the whole memory "
-                f"budget ({memory.human(self.budget)}); it cannot be loaded on this server.",
-                param="model",
-                code="model_too_large",
-            )
-        return need
 
     async def _make_room(self, slot: Slot, need: int, deadline: float) -> None:
         """Unload least recently used idle models until `slot` fits; wait (bounded) while
@@ -308,32 +287,6 @@ class ModelPool:
                     code="model_capacity",
                     headers={"Retry-After": "5"},
                 ) from None
-
-    def _held_by_this_request(self, slot: Slot) -> None:
-        """A request that holds models and needs `slot` too: if the models it holds leave
-        no room for `slot` (they stay loaded while it waits), waiting cannot help: 503 now,
-        saying why, rather than after the load timeout with every other load held up."""
-        hold = REQUEST_LEASES.get()
-        mine: list[Slot] = []
-        for lease in hold.leases if hold else []:
-            if not lease.released and lease.slot is not slot and all(
-                lease.slot is not s for s in mine
-            ):
-                mine.append(lease.slot)
-        if not mine:
-            return
-        names = ", ".join(repr(s.name) for s in mine)
-        if self.max_loaded and len(mine) + 1 > self.max_loaded:
-            why = f"--max-loaded-models is {self.max_loaded}"
-        elif self.budget and sum(s.charge() for s in mine) + self._need(slot) > self.budget:
-            why = f"the memory budget ({memory.human(self.budget)}) cannot hold them together"
-        else:
-            return
-        raise ServiceUnavailable(
-            f"This request needs model {slot.name!r} loaded beside {names}, which it holds, "
-            f"and {why}.",
-            code="model_capacity",
-        )
 
     def _fits(self, slot: Slot, need: int) -> bool:
         others = [
@@ -432,46 +385,10 @@ class ModelPool:
 
     def describe(self, name: str) -> dict[str, Any]:
         """The admin view of one model (GET /admin/models)."""
-        slot = self.slots[name]
-        now = time.monotonic()
-        return {
-            "id": name,
-            "load": slot.config.load,
-            "state": slot.state,
-            "error": slot.error,
-            "keep_alive": slot.config.keep_alive,
-            "idle_unload_in": None
-            if slot.expires_at is None
-            else round(max(slot.expires_at - now, 0.0), 3),
-            "in_flight": slot.leases,
-            "waiting": slot.waiters,
-            "loads": slot.loads,
-            "unloads": slot.unloads,
-            "load_seconds": round(slot.load_seconds, 3) if slot.loads else None,
-            "resident_bytes": slot.resident_bytes,
-            "measured_by": slot.measured_by,
-            "rss_growth_bytes": slot.rss_growth,
-            "file_bytes": slot.file_size(),
-        }
+        return self.slots[name].describe()
 
     def loaded_count(self) -> int:
         return sum(1 for s in self.slots.values() if s.state in ("loaded", "unloading"))
-
-
-def _load_failed(slot: Slot, *, detail: bool = False) -> ServiceUnavailable:
-    """The 503 of a model whose load failed. API clients get no more than that (the load's
-    error names server paths and library internals): the reason is in the log and in
-    GET /admin/models, and `detail` (the admin API) gives it."""
-    why = (
-        f": {slot.error}"
-        if detail
-        else "; retry later (the reason is in the server's log and GET /admin/models)"
-    )
-    return ServiceUnavailable(
-        f"Model {slot.name!r} failed to load{why}.",
-        code="model_load_failed",
-        headers={"Retry-After": str(int(RETRY_FAILED_AFTER))},
-    )
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

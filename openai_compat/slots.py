@@ -1,4 +1,5 @@
-"""A model's residency record (Slot) and the leases requests hold on loaded models.
+"""A model's residency record (Slot: its state, measured size and budget charge, admin view)
+and the leases requests hold on loaded models (taken, given back, and what they block).
 
 A request takes a lease on its model (pool.ModelPool.acquire) and holds it until its
 response is built: the HTTP layer runs each handler inside `request_leases()`, which releases
@@ -9,19 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from openai_compat import memory
-from openai_compat.errors import ServiceUnavailable
+from openai_compat.errors import BadRequest, ServiceUnavailable
 from openai_compat.settings import ModelConfig
 
 State = Literal["unloaded", "loading", "loaded", "unloading", "failed"]
 # A forced unload cancels the handlers holding the model with this message: 503 for them.
 FORCED_UNLOAD = "openai_compat: model unloaded by an administrator"
 ModelEntry = Any  # registry.ModelEntry (registry imports this module)
+# A failed lazy load is tried again by a request at most this often.
+RETRY_FAILED_AFTER = 30.0
 
 REQUEST_LEASES: contextvars.ContextVar[RequestHold | None] = contextvars.ContextVar(
     "openai_compat_leases", default=None
@@ -64,6 +68,54 @@ class Slot:
         """Bytes this model counts against the budget: measured at its last load, else its
         files."""
         return self.resident_bytes or self.file_size()
+
+    def need(self, budget: int) -> int:
+        """What this model will count against `budget` (0: none); a model larger than the
+        whole budget is a 400."""
+        need = self.charge() if budget else 0
+        if budget and need > budget and self.measured_by == "rss":
+            # RSS growth is noisy (it counts all the process allocated during the load): one
+            # high reading must not refuse the model for good. Its files decide again, and
+            # this load measures it anew.
+            need = self.file_size()
+        if budget and need > budget:
+            raise BadRequest(
+                f"Model {self.name!r} needs {memory.human(need)}, more than the whole memory "
+                f"budget ({memory.human(budget)}); it cannot be loaded on this server.",
+                param="model",
+                code="model_too_large",
+            )
+        return need
+
+    def measured(self, weights: int | None, grown: int | None) -> None:
+        """A load's measurement: the model's own tensors where the engine has them, since
+        RSS growth also takes in whatever else the process allocated meanwhile (a concurrent
+        request, a worker pool starting). Taken again at every load."""
+        self.resident_bytes, self.rss_growth = (weights or grown), grown
+        self.measured_by = "tensors" if weights else "rss" if grown is not None else None
+
+    def describe(self) -> dict[str, Any]:
+        """The admin view (GET /admin/models)."""
+        now = time.monotonic()
+        return {
+            "id": self.name,
+            "load": self.config.load,
+            "state": self.state,
+            "error": self.error,
+            "keep_alive": self.config.keep_alive,
+            "idle_unload_in": None
+            if self.expires_at is None
+            else round(max(self.expires_at - now, 0.0), 3),
+            "in_flight": self.leases,
+            "waiting": self.waiters,
+            "loads": self.loads,
+            "unloads": self.unloads,
+            "load_seconds": round(self.load_seconds, 3) if self.loads else None,
+            "resident_bytes": self.resident_bytes,
+            "measured_by": self.measured_by,
+            "rss_growth_bytes": self.rss_growth,
+            "file_bytes": self.file_size(),
+        }
 
     def file_size(self) -> int:
         if self.file_bytes is None:
@@ -109,6 +161,63 @@ def request_leases() -> Iterator[RequestHold]:
             if hold.keep_alive is not None:
                 lease.slot.keep_alive_next = hold.keep_alive
             lease.release()
+
+
+def held_slots(besides: Slot) -> list[Slot]:
+    """The other models the current request holds leases on (each once)."""
+    hold = REQUEST_LEASES.get()
+    mine: list[Slot] = []
+    for lease in hold.leases if hold else []:
+        seen = any(lease.slot is s for s in mine)
+        if not lease.released and lease.slot is not besides and not seen:
+            mine.append(lease.slot)
+    return mine
+
+
+def refuse_if_own_leases_block(slot: Slot, max_loaded: int, budget: int) -> None:
+    """A request that holds models and needs `slot` too: if the models it holds leave no
+    room for `slot` under --max-loaded-models or the budget (they stay loaded while it
+    waits), waiting cannot help: 503 now, saying why, rather than after the load timeout
+    with every other load held up."""
+    mine = held_slots(slot)
+    if not mine:
+        return
+    names = ", ".join(repr(s.name) for s in mine)
+    if max_loaded and len(mine) + 1 > max_loaded:
+        why = f"--max-loaded-models is {max_loaded}"
+    elif budget and sum(s.charge() for s in mine) + slot.need(budget) > budget:
+        why = f"the memory budget ({memory.human(budget)}) cannot hold them together"
+    else:
+        return
+    raise ServiceUnavailable(
+        f"This request needs model {slot.name!r} loaded beside {names}, which it holds, "
+        f"and {why}.",
+        code="model_capacity",
+    )
+
+
+def give_back(slot: Slot) -> None:
+    """Release the current request's lease on `slot` now, not with its response."""
+    hold = REQUEST_LEASES.get()
+    for lease in [x for x in hold.leases if x.slot is slot] if hold else []:
+        hold.leases.remove(lease)  # type: ignore[union-attr]
+        lease.release()
+
+
+def load_failed(slot: Slot, *, detail: bool = False) -> ServiceUnavailable:
+    """The 503 of a model whose load failed. API clients get no more than that (the load's
+    error names server paths and library internals): the reason is in the log and in
+    GET /admin/models, and `detail` (the admin API) gives it."""
+    why = (
+        f": {slot.error}"
+        if detail
+        else "; retry later (the reason is in the server's log and GET /admin/models)"
+    )
+    return ServiceUnavailable(
+        f"Model {slot.name!r} failed to load{why}.",
+        code="model_load_failed",
+        headers={"Retry-After": str(int(RETRY_FAILED_AFTER))},
+    )
 
 
 def set_keep_alive(seconds: float | None) -> None:

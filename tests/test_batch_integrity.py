@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from openai_compat.batch import lines as lines_module
+from openai_compat.batch import refusals
 from openai_compat.batch import runner as runner_module
 from openai_compat.batch.lines import split_line
 from openai_compat.batch.runner import Gate, Runner
@@ -117,15 +118,15 @@ def _two_models(store: Store, tmp_path: Path) -> tuple[str, str]:
 
 @pytest.fixture
 def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_module, "RETRY_PAUSE", 0.02)
-    monkeypatch.setattr(runner_module, "MAX_RETRY_PAUSE", 0.2)
-    monkeypatch.setattr(runner_module, "DEFER_AFTER_S", 0.2)
+    monkeypatch.setattr(refusals, "RETRY_PAUSE", 0.02)
+    monkeypatch.setattr(refusals, "MAX_RETRY_PAUSE", 0.2)
+    monkeypatch.setattr(refusals, "DEFER_AFTER_S", 0.2)
 
 
 async def test_a_batch_whose_model_never_loads_yields_then_fails_its_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quick_backoff: None
 ) -> None:
-    monkeypatch.setattr(runner_module, "GIVE_UP_503_S", 1.5)
+    monkeypatch.setattr(refusals, "GIVE_UP_503_S", 1.5)
     monkeypatch.setattr(runner_module, "CHUNK", 1)  # a wave per line
     store = Store(tmp_path / "data")
     broken_id, fine_id = _two_models(store, tmp_path)  # the broken batch is older: first in line
@@ -170,7 +171,7 @@ async def test_a_batch_whose_model_never_loads_yields_then_fails_its_lines(
 async def test_a_cancel_is_honoured_while_lines_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quick_backoff: None
 ) -> None:
-    monkeypatch.setattr(runner_module, "DEFER_AFTER_S", 60.0)  # retried in place throughout
+    monkeypatch.setattr(refusals, "DEFER_AFTER_S", 60.0)  # retried in place throughout
     store = Store(tmp_path / "data")
     broken_id, _ = _two_models(store, tmp_path)
     refused = asyncio.Event()
@@ -197,7 +198,7 @@ async def test_a_cancel_is_honoured_while_lines_are_refused(
 async def test_a_batch_expires_while_its_lines_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quick_backoff: None
 ) -> None:
-    monkeypatch.setattr(runner_module, "DEFER_AFTER_S", 60.0)
+    monkeypatch.setattr(refusals, "DEFER_AFTER_S", 60.0)
     store = Store(tmp_path / "data")
     broken_id, _ = _two_models(store, tmp_path)
     clock = Clock()

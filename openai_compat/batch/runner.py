@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
+from openai_compat.batch import refusals
+from openai_compat.batch.closing import fail, finalize
 from openai_compat.batch.lines import (
     BigSplit,
     Dispatch,
@@ -39,21 +41,14 @@ from openai_compat.batch.lines import (
 )
 from openai_compat.batch.outputs import DataLost, fsync_both, reopen_outputs
 from openai_compat.batch.pending import Pending
-from openai_compat.batch.store import OPEN_STATUSES, Progress, Store
+from openai_compat.batch.refusals import Refusals
+from openai_compat.batch.store import Progress, Store
 
 logger = logging.getLogger("openai_compat.batch")
 
 CHUNK = 64  # most lines sent at once (one commit each wave)
 WAVE_INPUTS = 64  # inputs a wave stops at, while no live request is in flight
 MAX_YIELD = 1.0  # seconds a chunk waits for live traffic to pause before it goes anyway
-RETRY_PAUSE = 0.2  # seconds before refused lines are sent again, doubling to MAX_RETRY_PAUSE
-MAX_RETRY_PAUSE = 5.0
-# A wave refused this long (a model that keeps failing to load, say) hands the runner to the
-# other open batches; it is taken up again after its back-off.
-DEFER_AFTER_S = 2.0
-# Lines refused with 503 for this long fail with their last answer (429s wait for room until
-# the batch expires or is cancelled: overload passes, a broken model may not).
-GIVE_UP_503_S = 300.0
 CANCEL_POLL_S = 0.5  # how soon a cancel is seen while a wave's lines are in the engine
 
 
@@ -108,9 +103,7 @@ class Runner:
         self.max_bytes = max_bytes
         self.off_loop: OffLoop | None = None
         self.big: BigSplit | None = None
-        # batches whose lines keep being refused: when the refusals began, when to try again
-        self._refused_since: dict[str, float] = {}
-        self._not_before: dict[str, tuple[float, float]] = {}  # batch -> (time, pause)
+        self.refusals = Refusals()  # batches whose lines keep being refused (refusals.py)
 
     @property
     def store(self) -> Store:
@@ -122,7 +115,7 @@ class Runner:
             for obj in await asyncio.to_thread(self.store.open_batches):
                 if self.gate.stopping():
                     return
-                if self._deferred(obj["id"]):
+                if self.refusals.deferred(obj["id"]):
                     continue
                 try:
                     await self.run(obj["id"])
@@ -133,37 +126,10 @@ class Runner:
                     )
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=self._idle_wait())
-
-    def _deferred(self, batch_id: str) -> bool:
-        """Whether a batch whose lines keep being refused is still in its back-off."""
-        entry = self._not_before.get(batch_id)
-        return entry is not None and time.monotonic() < entry[0]
-
-    def _idle_wait(self) -> float:
-        """Seconds the runner sleeps without news: 1, or until the next deferred batch."""
-        now = time.monotonic()
-        soonest = min((t for t, _ in self._not_before.values()), default=now + 1.0)
-        return min(1.0, max(soonest - now, 0.01))
-
-    def _defer(self, batch_id: str) -> None:
-        """Back off a batch whose lines keep being refused: 0.2 s doubling to 5 s."""
-        _, pause = self._not_before.get(batch_id, (0.0, RETRY_PAUSE / 2))
-        pause = min(pause * 2, MAX_RETRY_PAUSE)
-        self._not_before[batch_id] = (time.monotonic() + pause, pause)
+                await asyncio.wait_for(self.wake.wait(), timeout=self.refusals.idle_wait())
 
     def _fail(self, batch_id: str, code: str, message: str) -> None:
-        """Close a batch as failed; the lines it finished stay reachable (its output and
-        error files as last committed). Blocking (the store): run it in a thread."""
-        obj = self.store.batch(batch_id)
-        if obj is None or obj["status"] not in OPEN_STATUSES:
-            return
-        if obj["status"] != "validating":
-            progress = self.store.progress(batch_id)
-            self._register_files(obj, progress.output_bytes, progress.error_bytes)
-        obj["status"], obj["failed_at"] = "failed", int(time.time())
-        obj["errors"] = {"object": "list", "data": [{"code": code, "message": message}]}
-        self.store.save(obj)
+        fail(self.store, batch_id, code, message)
 
     async def run(self, batch_id: str) -> None:
         """Take one batch as far as it goes: to a final status, or until the server stops.
@@ -361,7 +327,8 @@ class Runner:
         None if the server stops first; "cancelling" if the client cancels the batch
         meanwhile (seen within CANCEL_POLL_S), "expired" once its window has passed;
         "deferred" when its lines have been refused for DEFER_AFTER_S (the other batches
-        run meanwhile). Lines refused with 503 for GIVE_UP_503_S fail with that answer."""
+        run meanwhile). Lines refused with 503 for GIVE_UP_503_S fail with that answer
+        (refusals.py)."""
         batch_id = obj["id"]
         while not wave.task.done():
             await asyncio.wait({wave.task}, timeout=CANCEL_POLL_S)
@@ -370,20 +337,19 @@ class Runner:
                 if status == "cancelling":
                     return "cancelling"
         results = wave.task.result()
-        pause = RETRY_PAUSE
+        pause = refusals.RETRY_PAUSE
         gave_up = False
         while True:
             refused = [i for i, r in enumerate(results) if isinstance(r, Retry)]
             if not refused:
                 if not gave_up:  # the lines went through: the refusals (if any) are over
-                    self._refused_since.pop(batch_id, None)
-                    self._not_before.pop(batch_id, None)
+                    self.refusals.over(batch_id)
                 return [r for r in results if isinstance(r, LineResult)]
             now = time.monotonic()
-            # When this batch's refusals began: kept across waves until lines get through,
-            # so once past GIVE_UP_503_S the next waves' 503s fail after one try each.
-            since = self._refused_since.setdefault(batch_id, now)
-            if now - since >= GIVE_UP_503_S:
+            # kept across waves until lines get through: once past the bound, the next
+            # waves' 503s fail after one try each
+            since = self.refusals.since(batch_id)
+            if now - since >= refusals.GIVE_UP_503_S:
                 for i in refused:
                     retry = results[i]
                     assert isinstance(retry, Retry)
@@ -398,11 +364,11 @@ class Runner:
                 return "cancelling"
             if obj["expires_at"] is not None and time.time() > obj["expires_at"]:
                 return "expired"
-            if now - since >= DEFER_AFTER_S:
-                self._defer(batch_id)
+            if now - since >= refusals.DEFER_AFTER_S:
+                self.refusals.defer(batch_id)
                 return "deferred"
             await asyncio.sleep(pause)
-            pause = min(pause * 2, MAX_RETRY_PAUSE)
+            pause = min(pause * 2, refusals.MAX_RETRY_PAUSE)
             await self.gate.wait()
             again = await asyncio.gather(
                 *(
@@ -416,56 +382,7 @@ class Runner:
                 results[i] = result
 
     def _finalize(self, obj: dict[str, Any]) -> None:
-        """Register the output and error files and close the batch. Idempotent: the files'
-        ids come from the batch's, so a crash in here is simply done again. Blocking (the
-        store): run it in a thread."""
-        batch_id = obj["id"]
-        now = int(time.time())
-        cancelled = obj["status"] == "cancelling" or self.store.status(batch_id) == "cancelling"
-        expired = not cancelled and obj["expires_at"] is not None and now > obj["expires_at"]
-        obj["finalizing_at"] = obj.get("finalizing_at") or now
-        self._register_files(obj)
-        if cancelled:
-            obj["status"], obj["cancelled_at"] = "cancelled", now
-        elif expired:
-            obj["status"], obj["expired_at"] = "expired", now
-        else:
-            obj["status"], obj["completed_at"] = "completed", now
-        self.store.save(obj)
-
-    def _register_files(
-        self, obj: dict[str, Any], output_bytes: int | None = None, error_bytes: int | None = None
-    ) -> None:
-        """Make the batch's output file (and its error file, if any line failed) files of
-        the Files API, first cut to the committed sizes when given. Idempotent: the files'
-        ids come from the batch's."""
-        batch_id = obj["id"]
-        folder = self.store.batch_dir(batch_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        suffix = batch_id.removeprefix("batch_")
-        owner = self.store.batch_owner(batch_id)  # its output is its owner's
-        out, err = folder / "output.jsonl", folder / "errors.jsonl"
-        for path, size in ((out, output_bytes), (err, error_bytes)):
-            with path.open("ab") as f:
-                if size is not None and f.tell() > size:
-                    f.truncate(size)  # written after the last commit: not part of the job
-        obj["output_file_id"] = self.store.add_file(
-            out,
-            purpose="batch_output",
-            filename=f"{batch_id}_output.jsonl",
-            file_id=f"file-{suffix}o",
-            move=False,
-            owner=owner,
-        )["id"]
-        if err.stat().st_size > 0:
-            obj["error_file_id"] = self.store.add_file(
-                err,
-                purpose="batch_output",
-                filename=f"{batch_id}_error.jsonl",
-                file_id=f"file-{suffix}e",
-                move=False,
-                owner=owner,
-            )["id"]
+        finalize(self.store, obj)
 
 
 class NoRoom(RuntimeError):

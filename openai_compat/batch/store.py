@@ -15,7 +15,6 @@ database and copy the folders after it).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from openai_compat.batch import datadir
 from openai_compat.batch.schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -50,29 +50,11 @@ class Store:
         always left on its filesystem (see room()); `holder`: who this process is (pid,
         port), written into the data dir's lock for a second process to name."""
         self.root = root
-        self.max_bytes = max_bytes
-        self.min_free = min_free
-        # bytes of uploads under way (on disk, not yet files): they count against the quota
-        self._reserved = 0
-        self._reserve_lock = threading.Lock()
+        self.max_bytes, self.min_free = max_bytes, min_free
+        self._room = datadir.Room(root)
         (root / "files").mkdir(parents=True, exist_ok=True)
         (root / "batches").mkdir(parents=True, exist_ok=True)
-        # One process per data dir, held for the process's life (released when it dies).
-        self._dir_lock = (root / ".lock").open("a+")
-        try:
-            fcntl.flock(self._dir_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            self._dir_lock.seek(0)
-            held_by = self._dir_lock.read(200).strip()
-            self._dir_lock.close()
-            raise StoreBusy(
-                f"the data dir {root} is in use by another openai-compat process"
-                f"{f' ({held_by})' if held_by else ''}; give each server its own --data-dir"
-            ) from exc
-        self._dir_lock.seek(0)
-        self._dir_lock.truncate()
-        self._dir_lock.write(holder or f"pid {os.getpid()}")
-        self._dir_lock.flush()
+        self._dir_lock = datadir.hold(root, holder)  # one process per data dir
         self._lock = threading.Lock()
         self._db = sqlite3.connect(root / "batch.sqlite3", check_same_thread=False)
         self._db.row_factory = sqlite3.Row
@@ -199,36 +181,18 @@ class Store:
 
     def reserve(self, adding: int) -> tuple[str, str] | None:
         """room() for an upload's next bytes, which then count as the data dir's until
-        release(): uploads under way (each a temp file not yet a file of the store) count
-        against the quota with everything else. Blocking."""
-        with self._reserve_lock:
-            refused = self.room(adding)
-            if refused is None:
-                self._reserved += adding
-            return refused
+        release(): uploads under way count against the quota with everything else."""
+        return self._room.reserve(self.used_bytes(), adding, self.max_bytes, self.min_free)
 
     def release(self, reserved: int) -> None:
         """An upload's reserved bytes: stored as a file now (counted as such), or dropped."""
-        with self._reserve_lock:
-            self._reserved = max(self._reserved - reserved, 0)
+        self._room.release(reserved)
 
     def room(self, adding: int) -> tuple[str, str] | None:
         """Why `adding` more bytes may not be written, as ("quota" | "disk", message); None:
-        they may. Uploads under way count as held already."""
-        if self.max_bytes:
-            used = self.used_bytes() + self._reserved
-            if used + adding > self.max_bytes:
-                return "quota", (
-                    f"the data dir would hold {used + adding} bytes, more than its quota of "
-                    f"{self.max_bytes} (batch_max_data_bytes)"
-                )
-        free = shutil.disk_usage(self.root).free
-        if free - adding < self.min_free:
-            return "disk", (
-                f"the data dir's disk would have {max(0, free - adding)} bytes free, less than "
-                f"the {self.min_free} it must keep (batch_min_free_bytes)"
-            )
-        return None
+        they may (datadir.Room)."""
+        used = self.used_bytes() if self.max_bytes else 0
+        return self._room.refusal(used, adding, self.max_bytes, self.min_free)
 
     # ------------------------------------------------------------ batches
 

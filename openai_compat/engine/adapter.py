@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -144,24 +143,10 @@ def _torch_model(replica: Any) -> Any | None:
     return getattr(replica, "model", None)
 
 
-def weight_bytes(engine: Any) -> int | None:
-    """Bytes of the torch tensors (parameters and buffers) the engine's replicas hold, each
-    storage counted once; None when they hold no torch module (ONNX, OpenVINO). What a model
-    itself costs, unlike the process's RSS growth during its load, which also takes in
-    whatever else the process allocated meanwhile."""
-    import torch
-
-    storages: dict[int, int] = {}
-    found = False
-    for replica in attr(engine, "_model_replicas", "AsyncEmbeddingEngine"):
-        for module in (replica, _torch_model(replica)):
-            if not isinstance(module, torch.nn.Module):
-                continue
-            found = True
-            for tensor in itertools.chain(module.parameters(), module.buffers()):
-                storage = tensor.untyped_storage()
-                storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values()) if found else None
+def torch_modules(engine: Any) -> list[Any]:
+    """The engine's replicas and the torch models inside them (memory.tensor_bytes)."""
+    replicas = attr(engine, "_model_replicas", "AsyncEmbeddingEngine")
+    return [m for r in replicas for m in (r, _torch_model(r)) if m is not None]
 
 
 def position_limit(replica: Any) -> int | None:

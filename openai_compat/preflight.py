@@ -1,0 +1,131 @@
+"""What is checked before a model's engine is built, so a load that cannot work fails at
+once with one line that says why and what to do: a local folder that is not there, a hub
+model neither cached nor reachable, a CPU backend without its extra, a device this machine
+lacks, a revision of a local folder, BetterTransformer without optimum's. It builds nothing
+and imports no model library at module level (loading.py calls it first).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from openai_compat.engine import adapter
+from openai_compat.registry import EngineFailure
+from openai_compat.settings import BACKENDS, BUILTIN_PREFIX, ModelConfig
+
+
+def _missing_folder(config: ModelConfig) -> str | None:
+    """Why a model that names a local folder cannot load, when that folder is not there (the
+    hub library would call it a malformed repo id): None for hub ids and folders that exist.
+    A path is what starts with /, ./, ../ or ~, or has more than one '/' (hub ids are
+    'name' or 'org/name')."""
+    if config.engine == "debugengine" or config.model.startswith(BUILTIN_PREFIX):
+        return None
+    model = config.model
+    pathlike = model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
+    folder = Path(model).expanduser()
+    if not pathlike or folder.is_dir():
+        return None
+    if folder.exists():
+        return f"{model!r} is a file, not a model folder"
+    return (
+        f"the folder {model!r} does not exist (and it is not a model-hub id either: those "
+        "look like 'org/name')"
+    )
+
+
+# engine -> (the extra that brings it, the modules it needs)
+_EXTRAS = {
+    "onnx": ("onnx", ("optimum.onnxruntime", "onnxruntime")),
+    "openvino": ("openvino", ("optimum.intel", "openvino")),
+}
+
+
+def _missing_extra(engine: str) -> str | None:
+    """The extra to install for a CPU backend whose libraries are missing (the libraries'
+    own hint names their packages, not ours)."""
+    if engine not in _EXTRAS:
+        return None
+    extra, modules = _EXTRAS[engine]
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package is missing
+            found = False
+        if not found:
+            return extra
+    return None
+
+
+def _unreachable_hub_model(config: ModelConfig) -> str | None:
+    """Why a hub model cannot load, said once, before the engine starts: it is not in the
+    local cache and the hub cannot be reached (the hub library would retry each of its files
+    for ~23 s, logging every try), or the hub does not have it. None: cached, or reachable."""
+    model = config.model
+    if config.engine == "debugengine" or model.startswith(BUILTIN_PREFIX):
+        return None
+    if Path(model).expanduser().exists():
+        return None
+    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        snapshot_download(model, revision=config.revision, local_files_only=True)
+        return None  # cached: it loads from there
+    except Exception:  # not cached (or not a hub id): ask the hub below
+        pass
+    where = f"it is not in the local model cache ({constants.HF_HUB_CACHE})"
+    fix = "run `openai-compat download` where the hub is reachable, or point model at a folder"
+    if constants.HF_HUB_OFFLINE:
+        return f"{where} and HF_HUB_OFFLINE is set: {fix}"
+    try:
+        HfApi(endpoint=constants.ENDPOINT).model_info(model, revision=config.revision, timeout=10)
+    except GatedRepoError:
+        return f"{model!r} is gated on the model hub: accept its terms and set HF_TOKEN"
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        rev = f" at revision {config.revision!r}" if config.revision else ""
+        return f"the model hub has no model {model!r}{rev} (or it is private: set HF_TOKEN)"
+    except Exception as exc:  # no network, DNS, a proxy: one line, no retries
+        return f"{where} and the model hub cannot be reached ({type(exc).__name__}): {fix}"
+    return None
+
+
+def check_options(config: ModelConfig) -> None:
+    """Refuse, with a message, model options that would otherwise do nothing or fail deep in
+    the engine: a local folder that is not there, a device this machine lacks, a revision of
+    a local folder, BetterTransformer where optimum's is not installed."""
+    import torch
+
+    name = config.served_name
+    missing = _missing_folder(config) or _unreachable_hub_model(config)
+    if missing is not None:
+        raise EngineFailure(f"model {name!r} ({config.model}) failed to load: {missing}")
+    device = config.device.split(":")[0]
+    if device == "cuda" and not torch.cuda.is_available():
+        raise EngineFailure(
+            f"model {name!r}: device = {config.device!r}, but torch sees no CUDA device here"
+        )
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise EngineFailure(f"model {name!r}: device = 'mps', but MPS is not available here")
+    if config.revision is not None and Path(config.source).is_dir():
+        raise EngineFailure(
+            f"model {name!r}: revision = {config.revision!r} applies to model-hub ids; "
+            f"{config.model!r} is a local folder (it has no revisions)"
+        )
+    extra = _missing_extra(config.engine)
+    if extra is not None:
+        raise EngineFailure(
+            f"model {name!r}: engine = {config.engine!r} needs the {extra!r} extra, which is "
+            f"not installed: pip install 'openai-compat[{extra}]'"
+        )
+    wants_bt = config.bettertransformer and config.engine not in BACKENDS
+    if wants_bt and not adapter.bettertransformer_available():
+        raise EngineFailure(
+            f"model {name!r}: bettertransformer = true needs optimum's BetterTransformer "
+            "(optimum < 2), which is not installed; leave the option out"
+        )
