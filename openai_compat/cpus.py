@@ -103,12 +103,24 @@ def available(
     return count, source
 
 
+# GNU OpenMP (torch's CPU wheel ships libgomp) lets idle threads spin 300,000 times before
+# sleeping: beside another busy process, a forward's threads spin at every barrier for a core
+# someone else holds. PASSIVE makes them sleep at once. Measured (scripts/shared_cpu.py,
+# docs/benchmarks.md): MiniLM 16 texts x 32 in flight beside a busy process on CPU 1, 34-37
+# -> 174-188 sentences/s; quiet 341 vs 344-393 (within this machine's spread). An operator's
+# OMP_WAIT_POLICY (or GOMP_SPINCOUNT) wins.
+WAIT_POLICY = "PASSIVE"
+
+
 def size_pools(environ: Any = os.environ) -> tuple[int, str]:
-    """Before the engine is imported: each pool's variable set to the CPUs we may use, unless
-    it is set already (the operator's choice wins)."""
+    """Before the engine is imported: each pool's variable set to the CPUs we may use, and
+    OpenMP's idle threads to sleep rather than spin, unless set already (the operator's
+    choice wins)."""
     count, source = available()
     for name in THREAD_VARIABLES:
         environ.setdefault(name, str(count))
+    if "GOMP_SPINCOUNT" not in environ:
+        environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
     return count, source
 
 
@@ -145,4 +157,5 @@ def report(count: int, source: str) -> dict[str, Any]:
         "torch_interop_threads": torch.get_num_interop_threads() if torch is not None else None,
         "tokenizer_threads": int(os.environ.get("RAYON_NUM_THREADS", count)),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }

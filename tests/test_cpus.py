@@ -40,18 +40,25 @@ def test_the_operators_variables_win() -> None:
     count, _ = cpus.size_pools(env)
     assert env["OMP_NUM_THREADS"] == "7" and env["RAYON_NUM_THREADS"] == str(count)
     assert env["MKL_NUM_THREADS"] == str(count)
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"  # idle OpenMP threads sleep, never spin
+    for theirs in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "10000"}):
+        env = dict(theirs)
+        cpus.size_pools(env)
+        assert env.get("OMP_WAIT_POLICY") == theirs.get("OMP_WAIT_POLICY")
 
 
 @pytest.mark.slow
 def test_a_server_on_one_cpu_sizes_every_pool_to_one() -> None:
     """Started with an affinity of one CPU (as `taskset -c 0`, or a pod's limit): /ready
     reports one CPU, and torch's pools and the tokenizers' have one thread each."""
-    unset = dict.fromkeys(cpus.THREAD_VARIABLES)  # whatever this test process has: gone
+    # whatever this test process has: gone
+    unset = dict.fromkeys((*cpus.THREAD_VARIABLES, "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"))
     with RemoteServer(env=unset, cpus={0}) as srv:
         report = httpx.get(srv.url + "/ready").json()["cpus"]
     assert report["available"] == 1 and report["source"] == "affinity"
     assert report["torch_threads"] == 1 and report["torch_interop_threads"] == 1
     assert report["tokenizer_threads"] == 1 and report["omp_num_threads"] == "1"
+    assert report["omp_wait_policy"] == "PASSIVE"
 
 
 def test_the_quota_is_the_smallest_on_the_processs_own_cgroup_path(tmp_path: Path) -> None:

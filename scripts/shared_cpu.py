@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""The server on a shared CPU: MiniLM, 16 never-repeating texts per request (the exact cache
+off), 32 requests in flight, the server unpinned on all the cores it is given, quiet and with
+a busy process pinned to CPU 1 for the whole run. Variants differ only in the server's
+environment; rounds alternate their order. Loopback only; every run is bounded in time.
+
+    python scripts/shared_cpu.py [ROUNDS] [quiet,neighbour] [passive,spin,omp1]
+
+    passive  the server's default (OpenMP's idle threads sleep: cpus.WAIT_POLICY)
+    spin     libgomp's own default (GOMP_SPINCOUNT=300000: idle threads spin first)
+    omp1     one OpenMP thread, spinning as libgomp does by default
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import aiohttp
+import orjson
+
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "river",
+    "bank",
+    "city",
+    "market",
+    "food",
+    "bread",
+]
+WORDS += [
+    "model",
+    "server",
+    "vector",
+    "search",
+    "query",
+    "answer",
+    "system",
+    "fast",
+    "latency",
+    "network",
+]
+WORDS += [
+    "cloud",
+    "data",
+    "science",
+    "music",
+    "art",
+    "history",
+    "garden",
+    "summer",
+    "winter",
+    "train",
+]
+WORDS += ["station", "coffee", "morning", "evening", "book", "story", "light"]
+SPIN = {"GOMP_SPINCOUNT": "300000"}  # libgomp's default spin count: size_pools keeps it
+VARIANTS = {"passive": {}, "spin": SPIN, "omp1": {**SPIN, "OMP_NUM_THREADS": "1"}}
+IN_FLIGHT, PER_REQUEST, SECONDS, WARMUP = 32, 16, 15.0, 4.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(extra: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", **extra}
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS"):
+        if name not in extra:
+            env.pop(name, None)
+    command = [sys.executable, "-m", "openai_compat", "serve", "--port", str(port)]
+    command += ["--cache-bytes", "0", "--log-level", "warning", "--no-access-log"]
+    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def ready(url: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(600):
+            try:
+                async with session.get(url + "/ready") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"{url} never became ready")
+
+
+async def drive(url: str, seed: int) -> float:
+    """Sentences per second over SECONDS after WARMUP; every body is new (counter + words)."""
+    rng = random.Random(seed)
+    sent = [0]
+    done = [0]
+    measuring = [False]
+    end = time.monotonic() + WARMUP + SECONDS
+
+    def body() -> bytes:
+        sent[0] += 1
+        texts = [
+            f"{sent[0]} {j} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14)))
+            for j in range(PER_REQUEST)
+        ]
+        return orjson.dumps({"model": "all-MiniLM-L6-v2", "input": texts})
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while time.monotonic() < end:
+            headers = {"content-type": "application/json"}
+            async with session.post(url + "/v1/embeddings", data=body(), headers=headers) as r:
+                await r.read()
+                if r.status != 200:
+                    raise SystemExit(f"status {r.status}")
+            if measuring[0] and time.monotonic() < end:
+                done[0] += PER_REQUEST
+
+    connector = aiohttp.TCPConnector(limit=IN_FLIGHT * 2)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        tasks = [asyncio.create_task(worker(session)) for _ in range(IN_FLIGHT)]
+        await asyncio.sleep(WARMUP)
+        measuring[0] = True
+        await asyncio.gather(*tasks)
+    return done[0] / SECONDS
+
+
+def one_run(variant: str, neighbour: bool, seed: int) -> float:
+    proc, url = start(VARIANTS[variant])
+    busy = None
+    try:
+        asyncio.run(ready(url))
+        if neighbour:
+            spinner = [sys.executable, "-c", "while True: pass"]
+            busy = subprocess.Popen(["taskset", "-c", "1", *spinner])
+        return asyncio.run(drive(url, seed))
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    conditions = sys.argv[2].split(",") if len(sys.argv) > 2 else ["quiet", "neighbour"]
+    variants = sys.argv[3].split(",") if len(sys.argv) > 3 else list(VARIANTS)
+    results: dict[tuple[str, str], list[float]] = {}
+    for r in range(rounds):
+        for condition in conditions:
+            for variant in variants if r % 2 == 0 else variants[::-1]:
+                rate = one_run(variant, condition == "neighbour", r)
+                results.setdefault((condition, variant), []).append(rate)
+                print(f"round {r} {condition:9s} {variant:8s} {rate:7.1f} sentences/s", flush=True)
+    for (condition, variant), rates in results.items():
+        median = sorted(rates)[len(rates) // 2]
+        spread = f"{min(rates):.1f}-{max(rates):.1f}"
+        print(f"{condition:9s} {variant:8s} median {median:7.1f}  spread {spread}")
+
+
+if __name__ == "__main__":
+    main()
