@@ -106,9 +106,9 @@ def available(
 # GNU OpenMP (torch's CPU wheel ships libgomp) lets idle threads spin 300,000 times before
 # sleeping: beside another busy process, a forward's threads spin at every barrier for a core
 # someone else holds. PASSIVE makes them sleep at once. Measured (scripts/shared_cpu.py,
-# docs/benchmarks.md): MiniLM 16 texts x 32 in flight beside a busy process on CPU 1, 34-37
-# -> 174-188 sentences/s; quiet 341 vs 344-393 (within this machine's spread). An operator's
-# OMP_WAIT_POLICY (or GOMP_SPINCOUNT) wins.
+# docs/benchmarks.md): MiniLM 16 texts x 32 in flight beside a busy process on CPU 1, 3.4-5.9x
+# (34-51 -> 172-202 sentences/s); quiet 0.76-0.95x (median 0.91). An operator's
+# OMP_WAIT_POLICY (ACTIVE on a dedicated machine) or GOMP_SPINCOUNT wins.
 WAIT_POLICY = "PASSIVE"
 
 

@@ -4,10 +4,11 @@ off), 32 requests in flight, the server unpinned on all the cores it is given, q
 a busy process pinned to CPU 1 for the whole run. Variants differ only in the server's
 environment; rounds alternate their order. Loopback only; every run is bounded in time.
 
-    python scripts/shared_cpu.py [ROUNDS] [quiet,neighbour] [passive,spin,omp1]
+    python scripts/shared_cpu.py [ROUNDS] [quiet,neighbour] [passive,spin,spin10k,omp1]
 
     passive  the server's default (OpenMP's idle threads sleep: cpus.WAIT_POLICY)
     spin     libgomp's own default (GOMP_SPINCOUNT=300000: idle threads spin first)
+    spin10k  a short spin (GOMP_SPINCOUNT=10000) before sleeping
     omp1     one OpenMP thread, spinning as libgomp does by default
 """
 
@@ -67,7 +68,12 @@ WORDS += [
 ]
 WORDS += ["station", "coffee", "morning", "evening", "book", "story", "light"]
 SPIN = {"GOMP_SPINCOUNT": "300000"}  # libgomp's default spin count: size_pools keeps it
-VARIANTS = {"passive": {}, "spin": SPIN, "omp1": {**SPIN, "OMP_NUM_THREADS": "1"}}
+VARIANTS = {
+    "passive": {},
+    "spin": SPIN,
+    "spin10k": {"GOMP_SPINCOUNT": "10000"},
+    "omp1": {**SPIN, "OMP_NUM_THREADS": "1"},
+}
 IN_FLIGHT, PER_REQUEST, SECONDS, WARMUP = 32, 16, 15.0, 4.0
 
 
