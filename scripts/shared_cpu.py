@@ -27,31 +27,6 @@ import aiohttp
 import orjson
 from benchkit.load import _WORDS as WORDS  # the benchmark's own vocabulary
 
-WORDS += [
-    "model",
-    "server",
-    "vector",
-    "search",
-    "query",
-    "answer",
-    "system",
-    "fast",
-    "latency",
-    "network",
-]
-WORDS += [
-    "cloud",
-    "data",
-    "science",
-    "music",
-    "art",
-    "history",
-    "garden",
-    "summer",
-    "winter",
-    "train",
-]
-WORDS += ["station", "coffee", "morning", "evening", "book", "story", "light"]
 SPIN = {"GOMP_SPINCOUNT": "300000"}  # libgomp's default spin count: size_pools keeps it
 VARIANTS = {
     "passive": {},
