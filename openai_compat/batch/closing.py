@@ -64,20 +64,14 @@ def register_files(
         with path.open("ab") as f:
             if size is not None and f.tell() > size:
                 f.truncate(size)  # written after the last commit: not part of the job
-    obj["output_file_id"] = store.add_file(
-        out,
-        purpose="batch_output",
-        filename=f"{batch_id}_output.jsonl",
-        file_id=f"file-{suffix}o",
-        move=False,
-        owner=owner,
-    )["id"]
-    if err.stat().st_size > 0:
-        obj["error_file_id"] = store.add_file(
-            err,
+    for path, kind, key in ((out, "output", "output_file_id"), (err, "error", "error_file_id")):
+        if kind == "error" and err.stat().st_size == 0:
+            continue  # no line failed: no error file
+        obj[key] = store.add_file(
+            path,
             purpose="batch_output",
-            filename=f"{batch_id}_error.jsonl",
-            file_id=f"file-{suffix}e",
+            filename=f"{batch_id}_{kind}.jsonl",
+            file_id=f"file-{suffix}{kind[0]}",
             move=False,
             owner=owner,
         )["id"]
