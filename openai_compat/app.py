@@ -37,7 +37,7 @@ from openai_compat.metrics import Metrics
 from openai_compat.middleware import FastPathMiddleware, GatewayMiddleware, fast_path_table
 from openai_compat.pool import ModelPool
 from openai_compat.registry import EngineFailure, ModelEntry, Registry
-from openai_compat.settings import Settings
+from openai_compat.settings import Settings, engine_package
 
 logger = logging.getLogger("openai_compat")
 
@@ -47,7 +47,8 @@ async def _load(registry: Registry, lifecycle: Lifecycle, settings: Settings) ->
     assert registry.pool is not None
     try:
         # Import the engine (torch: seconds) off the event loop, then undo its logging setup.
-        await in_daemon_thread(importlib.import_module, "infinity_emb", name="import")
+        package = engine_package(c.engine for c in registry.configs)
+        await in_daemon_thread(importlib.import_module, package, name="import")
         logs.reclaim_root()
         count, source = cpus.available()
         cpus.apply_to_torch(count)

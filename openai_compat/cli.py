@@ -12,7 +12,7 @@ from typing import Any
 
 from openai_compat import __version__, cpus, logs
 from openai_compat.config import build_settings, cli_fields, env_name
-from openai_compat.settings import BACKENDS, ConfigError, Settings
+from openai_compat.settings import BACKENDS, ConfigError, Settings, engine_package
 
 
 def _flag(name: str) -> str:
@@ -125,9 +125,10 @@ def serve(settings: Settings) -> int:
     # Thread pools sized to the CPUs we may use (affinity, cgroup quota) before torch starts.
     cpus.size_pools()
     # The engine's imports (torch, transformers: seconds) start now, beside the web stack's.
+    package = engine_package(c.engine for c in settings.served_models())
     threading.Thread(
         target=importlib.import_module,
-        args=("infinity_emb",),
+        args=(package,),
         name="model-load-import",
         daemon=True,
     ).start()

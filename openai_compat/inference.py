@@ -32,14 +32,18 @@ _CHARS_PER_ID = 4
 
 @contextmanager
 def engine_errors() -> Iterator[None]:
-    """infinity-emb's exceptions for bad input -> 400s; anything else stays a 500."""
-    from infinity_emb.primitives import (
-        AudioCorruption,
-        ImageCorruption,
-        MatryoshkaDimError,
-        ModelNotDeployedError,
-    )
-
+    """infinity-emb's exceptions for bad input -> 400s; anything else stays a 500. (The
+    native engine refuses bad input before it is queued; infinity-emb is optional.)"""
+    try:
+        from infinity_emb.primitives import (
+            AudioCorruption,
+            ImageCorruption,
+            MatryoshkaDimError,
+            ModelNotDeployedError,
+        )
+    except ImportError:
+        yield
+        return
     try:
         yield
     except ModelNotDeployedError as exc:

@@ -20,13 +20,21 @@ import numpy as np
 
 from openai_compat import cpus, memory
 from openai_compat.compact import CALIBRATION_TEXTS, Quantizer
-from openai_compat.engine import adapter, backends, fidelity, pooling, splade
+from openai_compat.engine import (
+    adapter,
+    backends,
+    fidelity,
+    infinity_hooks,
+    native,
+    pooling,
+    splade,
+)
 from openai_compat.engine.feeder import Feeder
 from openai_compat.lifecycle import in_daemon_thread
 from openai_compat.preflight import check_options
 from openai_compat.prompts import Prompts
 from openai_compat.registry import Capability, EngineFailure, ModelEntry, Registry
-from openai_compat.settings import BACKENDS, ModelConfig, default_export_dir
+from openai_compat.settings import BACKENDS, NATIVE, ModelConfig, default_export_dir
 from openai_compat.token_ids import Cl100kDecoder, ModelTokenIdDecoder
 from openai_compat.tokens import TokenCounter
 
@@ -70,10 +78,13 @@ def engine_args(config: ModelConfig) -> Any:
 
 
 def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
-    """Build (load weights of) one infinity-emb engine. Blocking: run it in a thread."""
+    """Build (load weights of) one engine: the native one (engine = "native") or infinity-emb's.
+    Blocking: run it in a thread."""
+    check_options(config)
+    if config.engine == NATIVE:
+        return _create_native(config)
     from infinity_emb import AsyncEmbeddingEngine
 
-    check_options(config)
     try:
         args = engine_args(config)
     except (KeyError, ValueError, TypeError) as exc:
@@ -96,6 +107,16 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
         adapter.apply_max_length(replica, config.max_length)
         pooling.apply_pooling(replica, config.pooling_method, sparse=sparse)
     except ValueError as exc:
+        raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
+    return engine
+
+
+def _create_native(config: ModelConfig) -> native.NativeEngine:
+    try:
+        engine = native.load(config, cpus.engine_threads())
+        adapter.apply_max_length(engine, config.max_length)
+        pooling.apply_pooling(engine, config.pooling_method)
+    except (ValueError, TypeError, KeyError) as exc:
         raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
     return engine
 
@@ -194,7 +215,7 @@ async def describe(
         dimensions = sparse_size
         vectors, engine_counts = await _probe(engine, counter)
     elif "embed" in caps:
-        counting = adapter.count_tokens_in_engine(replica)
+        counting = infinity_hooks.count_tokens_in_engine(replica)
         vectors, counts_match = await _probe(engine, counter)
         engine_counts = counting and counts_match
         raw_output = adapter.raw_vectors(vectors) is not None
@@ -214,11 +235,11 @@ async def describe(
         max_length=max_length,
         counter=counter,
         token_decoder=decoder,
-        logits=adapter.LogitsRunner.for_replica(replica, config.served_name),
+        logits=infinity_hooks.LogitsRunner.for_replica(replica, config.served_name),
         multivector=multivector,
         engine_counts=engine_counts,
         raw_output=raw_output,
-        exact_token_ids=config.token_ids == "model" and adapter.accepts_token_ids(replica),
+        exact_token_ids=config.token_ids == "model" and infinity_hooks.accepts_token_ids(replica),
         image_tokens=adapter.image_tokens(replica) if "image" in caps else 0,
         sampling_rate=adapter.sampling_rate(replica) if "audio" in caps else None,
         cosine_rerank="embed" in native
@@ -228,8 +249,12 @@ async def describe(
         sparse=sparse_size is not None,
         prompts=prompts,
         quantizer=quantizer,
+        # The native engine forms its own batches (engine/scheduler.py); the feeder gathers
+        # waves for infinity-emb, whose queue batches as soon as anything arrives.
         feeder=Feeder(engine, config.batch_size)
-        if config.wave_batching and ("embed" in native or sparse_size is not None)
+        if config.wave_batching
+        and config.engine != NATIVE
+        and ("embed" in native or sparse_size is not None)
         else None,
     )
 

@@ -4,6 +4,7 @@ floor beside settings.py: it imports nothing else of the package."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -19,6 +20,14 @@ BUILTIN_PREFIX = "builtin:"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 # The exported CPU backends (engine/backends.py builds them); a setting's vocabulary.
 BACKENDS: tuple[str, ...] = ("onnx", "openvino")
+# Our own engine (engine/native.py): sentence-transformers 6 with our scheduler.
+NATIVE = "native"
+
+
+def engine_package(engines: Iterable[str]) -> str:
+    """The package whose import (torch, transformers: seconds) to start early for models on
+    these engines: infinity-emb if any model runs on it, else sentence-transformers."""
+    return "sentence_transformers" if all(e == NATIVE for e in engines) else "infinity_emb"
 
 
 class ConfigError(ValueError):
@@ -73,9 +82,10 @@ class ModelConfig(BaseModel):
     aliases: tuple[str, ...] = Field((), description="Other names clients may use.")
     engine: str = Field(
         "torch",
-        description="torch (infinity-emb's default), onnx (ONNX Runtime on CPU) or openvino "
-        "(OpenVINO on CPU; both exported once and cached), or another infinity-emb engine: "
-        "optimum, debugengine...",
+        description="torch (infinity-emb's default), native (our own engine on "
+        "sentence-transformers 6: embedders, rerankers and classifiers), onnx (ONNX Runtime "
+        "on CPU) or openvino (OpenVINO on CPU; both exported once and cached), or another "
+        "infinity-emb engine: optimum, debugengine...",
     )
     kind: Literal["auto", "dense", "sparse"] = Field(
         "auto",
@@ -89,6 +99,13 @@ class ModelConfig(BaseModel):
     )
     device: str = Field("auto", description="cpu, cuda, mps or auto.")
     batch_size: int = Field(32, ge=1, le=65536, description="Maximum dynamic batch size.")
+    max_batch_tokens: int = Field(
+        16384,
+        ge=1,
+        le=2**31 - 1,
+        description="engine = 'native': the most padded tokens (longest input x inputs) one "
+        "batch may hold, beside batch_size (TEI's name and default).",
+    )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     trust_remote_code: bool = Field(False, description="Run code shipped with the model.")
     dtype: str = Field("auto", description="float32, float16, bfloat16, int8, fp8 or auto.")

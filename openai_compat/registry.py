@@ -45,7 +45,7 @@ class ModelEntry:
     max_length: int | None = None
     counter: TokenCounter | None = None
     token_decoder: Any | None = None  # Cl100kDecoder | ModelTokenIdDecoder | None
-    logits: adapter.LogitsRunner | None = None  # raw classification logits (classifiers)
+    logits: Any | None = None  # raw classification logits: LogitsRunner, NativeEngine
     late: Any | None = None  # engine.late.LateRunner, made on the first late-chunking request
     multivector: bool = False  # one vector per token (ColBERT-style), not one per input
     engine_counts: bool = False  # the engine reports each embedding's tokens (no 2nd pass)

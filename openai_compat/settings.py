@@ -19,12 +19,14 @@ from openai_compat.model_config import (
     BACKENDS,
     BUILTIN_PREFIX,
     DEFAULT_MODEL_NAME,
+    NATIVE,
     ConfigError,
     ModelConfig,
     RayOptions,
     builtin_model_path,
     check_unique_names,
     default_served_name,
+    engine_package,
     parse_model_spec,
     parse_size,
 )
@@ -33,6 +35,7 @@ __all__ = [
     "BACKENDS",
     "BUILTIN_PREFIX",
     "DEFAULT_MODEL_NAME",
+    "NATIVE",
     "ConfigError",
     "ModelConfig",
     "RayOptions",
@@ -40,6 +43,7 @@ __all__ = [
     "builtin_model_path",
     "check_unique_names",
     "default_served_name",
+    "engine_package",
     "parse_model_spec",
 ]
 

@@ -10,6 +10,8 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
     spin     libgomp's own default (GOMP_SPINCOUNT=300000: idle threads spin first)
     spin10k  a short spin (GOMP_SPINCOUNT=10000) before sleeping
     omp1     one OpenMP thread, spinning as libgomp does by default
+    native   the native engine (engine = "native", sentence-transformers 6), run by
+             $NATIVE_PYTHON (a venv with the new stack) if set, else this interpreter
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ VARIANTS = {
     "spin": SPIN,
     "spin10k": {"GOMP_SPINCOUNT": "10000"},
     "omp1": {**SPIN, "OMP_NUM_THREADS": "1"},
+    "native": {"OPENAI_COMPAT_CONFIG": "native"},  # start() writes the config file
 }
+NATIVE_TOML = """[[models]]
+model = "builtin:all-MiniLM-L6-v2"
+engine = "native"
+"""
 IN_FLIGHT, PER_REQUEST, SECONDS, WARMUP = 32, 16, 15.0, 4.0
 
 
@@ -49,7 +56,14 @@ def start(extra: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS"):
         if name not in extra:
             env.pop(name, None)
-    command = [sys.executable, "-m", "openai_compat", "serve", "--port", str(port)]
+    python = sys.executable
+    if env.get("OPENAI_COMPAT_CONFIG") == "native":
+        path = f"/tmp/shared_cpu_native_{os.getpid()}.toml"
+        with open(path, "w") as f:
+            f.write(NATIVE_TOML)
+        env["OPENAI_COMPAT_CONFIG"] = path
+        python = os.environ.get("NATIVE_PYTHON", sys.executable)
+    command = [python, "-m", "openai_compat", "serve", "--port", str(port)]
     command += ["--cache-bytes", "0", "--log-level", "warning", "--no-access-log"]
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from openai_compat.engine import adapter
+from openai_compat.engine import adapter, infinity_hooks
 from openai_compat.engine.adapter import EngineContractError
 
 pytestmark = pytest.mark.slow
@@ -100,7 +100,7 @@ def test_every_internal_is_there_for_every_kind(engines: dict[str, Any], kind: s
     assert adapter.apply_max_length(replica, 24) == 24 == adapter.applied_max_length(replica)
     with pytest.raises(ValueError, match="more than this model takes"):
         adapter.apply_max_length(replica, 100_000)
-    runner = adapter.LogitsRunner.for_replica(replica, kind)
+    runner = infinity_hooks.LogitsRunner.for_replica(replica, kind)
     assert (runner is not None) == (kind == "classifier")
     if runner is not None:
         rows = engines["_loop"].run_until_complete(runner.logits(["a text"]))
@@ -137,7 +137,7 @@ def test_a_moved_attribute_is_reported_by_name() -> None:
 def test_the_engine_counts_tokens_where_it_can(engines: dict[str, Any], kind: str) -> None:
     engine, loop = engines[kind], engines["_loop"]
     replica = adapter.replica_of(engine)
-    installed = adapter.count_tokens_in_engine(replica)
+    installed = infinity_hooks.count_tokens_in_engine(replica)
     assert installed == (kind == "embedder")
     if not installed:
         return

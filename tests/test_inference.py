@@ -13,7 +13,7 @@ import pytest
 
 from openai_compat import inference, scoring
 from openai_compat.encoding import embedding_payload
-from openai_compat.engine.adapter import LogitsRunner
+from openai_compat.engine.infinity_hooks import LogitsRunner
 from openai_compat.errors import BadRequest, ModelOutputError, RateLimited
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import ModelConfig, Settings

@@ -59,6 +59,10 @@ EFFECTS: dict[str, tuple[str, str]] = {
         HERE,
         "test_batch_size_model_warmup_and_wave_batching",
     ),
+    "max_batch_tokens": (
+        "tests/test_native_engine.py",
+        "test_max_batch_tokens_bounds_every_batch",
+    ),
     "revision": (
         HERE,
         "test_revision_loads_that_revision_of_a_hub_model",

@@ -1,5 +1,7 @@
-"""The one place that knows infinity-emb's internals (0.0.78), with engine/splade.py for the
-sparse head it adds to an embedder replica.
+"""What the server reads of a model's engine: the native engine's own answers (native.py,
+public library attributes only), or, for the optional infinity-emb engine, the one place
+that knows its internals (0.0.78), with engine/splade.py for the sparse head it adds to an
+embedder replica.
 
 Everything the server needs beyond infinity-emb's public API (its model replicas, batching
 queue and push task, tokenizers, classification pipeline, where each model kind applies its
@@ -10,14 +12,7 @@ contract test runs the same checks against the installed release.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
-
-import numpy as np
 
 from openai_compat.engine.usage import (  # noqa: F401 (re-exported)
     TokenCountedArray,
@@ -46,6 +41,13 @@ class EngineContractError(RuntimeError):
     """infinity-emb no longer has an internal this server relies on."""
 
 
+def is_native(obj: Any) -> Any | None:
+    """The NativeEngine `obj` is (a native engine is its own replica), else None."""
+    from openai_compat.engine.native import NativeEngine
+
+    return obj if isinstance(obj, NativeEngine) else None
+
+
 def attr(obj: Any, name: str, where: str) -> Any:
     try:
         return getattr(obj, name)
@@ -68,6 +70,8 @@ def bettertransformer_available() -> bool:
 
 def replica_of(engine: Any) -> Any:
     """The engine's (first) model replica: the object that holds weights and tokenizer."""
+    if is_native(engine) is not None:
+        return engine
     replicas = attr(engine, "_model_replicas", "AsyncEmbeddingEngine")
     if not replicas:
         raise EngineContractError("infinity-emb changed: the engine has no model replicas")
@@ -76,6 +80,8 @@ def replica_of(engine: Any) -> Any:
 
 def queue_length(engine: Any) -> int:
     """Items waiting in the engine's batching queue (0 before the batcher exists)."""
+    if is_native(engine) is not None:
+        return int(engine.queue_length())
     handler = getattr(engine, "_batch_handler", None)
     if handler is None:
         return 0
@@ -84,6 +90,8 @@ def queue_length(engine: Any) -> int:
 
 def batcher_alive(engine: Any) -> bool:
     """False once the engine stopped or its result-pushing task died."""
+    if is_native(engine) is not None:
+        return bool(engine.is_running)
     if not engine.is_running:
         return False
     handler = getattr(engine, "_batch_handler", None)
@@ -92,6 +100,8 @@ def batcher_alive(engine: Any) -> bool:
 
 
 def kind_of(replica: Any) -> Kind:
+    if is_native(replica) is not None:
+        return replica.kind
     return _KINDS.get(type(replica).__name__, "other")
 
 
@@ -100,6 +110,8 @@ def kind_of(replica: Any) -> Kind:
 
 def hf_tokenizer(replica: Any) -> Any | None:
     """The transformers tokenizer the model applies its limit with."""
+    if is_native(replica) is not None:
+        return replica.runner.tokenizer
     kind = kind_of(replica)
     if kind == "embedder":
         return getattr(replica, "tokenizer", None)
@@ -128,12 +140,17 @@ def folder_prompts(replica: Any) -> tuple[dict[str, str], str | None]:
     (config_sentence_transformers.json) and its default prompt name; none for other kinds."""
     if kind_of(replica) != "embedder":
         return {}, None
+    if is_native(replica) is not None:
+        replica = replica.model  # the SentenceTransformer itself
     prompts = attr(replica, "prompts", "SentenceTransformer") or {}
     default = attr(replica, "default_prompt_name", "SentenceTransformer")
     return {str(k): str(v) for k, v in prompts.items()}, default
 
 
 def _torch_model(replica: Any) -> Any | None:
+    if is_native(replica) is not None:  # the transformers model inside the library's object
+        model = replica.model
+        return getattr(model, "transformers_model", None) or getattr(model, "model", None)
     kind = kind_of(replica)
     if kind == "embedder":
         first = replica[0] if len(replica) else None
@@ -145,6 +162,8 @@ def _torch_model(replica: Any) -> Any | None:
 
 def torch_modules(engine: Any) -> list[Any]:
     """The engine's replicas and the torch models inside them (memory.tensor_bytes)."""
+    if is_native(engine) is not None:
+        return list(engine.torch_modules())
     replicas = attr(engine, "_model_replicas", "AsyncEmbeddingEngine")
     return [m for r in replicas for m in (r, _torch_model(r)) if m is not None]
 
@@ -191,6 +210,9 @@ def labels_of(engine: Any) -> dict[str, str]:
 
 def applied_max_length(replica: Any) -> int | None:
     """The token limit the engine really truncates each input to."""
+    if is_native(replica) is not None:
+        value = replica.model.max_seq_length
+        return value if isinstance(value, int) and 0 < value < _NO_LIMIT else None
     kind = kind_of(replica)
     if kind == "embedder":
         value = replica.max_seq_length
@@ -213,6 +235,11 @@ def apply_max_length(replica: Any, max_length: int | None) -> int | None:
     ceiling = position_limit(replica)
     if max_length is not None and ceiling is not None and max_length > ceiling:
         raise ValueError(f"max_length {max_length} is more than this model takes ({ceiling})")
+    if is_native(replica) is not None:  # sentence-transformers' own setting, every kind
+        limit = max_length or default_limit(replica)
+        if limit is not None:
+            replica.model.max_seq_length = limit
+        return applied_max_length(replica)
     if kind == "embedder":
         if max_length is not None:
             replica.max_seq_length = max_length
@@ -238,6 +265,11 @@ def apply_max_length(replica: Any, max_length: int | None) -> int | None:
 def use_transformer_module(replica: Any, module: Any) -> None:
     """Run an embedder's transformer through another backend's module (ONNX Runtime): the
     engine keeps batching, tokenising, pooling and normalising as before."""
+    if is_native(replica) is not None:
+        raise ValueError(
+            "engine = 'native' runs the model on torch; exported backends are "
+            "served on engine = 'onnx' / 'openvino'"
+        )
     if kind_of(replica) != "embedder" or getattr(replica, "mode_colbert", False):
         raise ValueError(
             f"a {type(replica).__name__} model cannot run on this backend; only "
@@ -264,57 +296,13 @@ def sampling_rate(replica: Any) -> int | None:
     return rate if isinstance(rate, int) else None
 
 
-# ---------------------------------------------------------------- classification logits
-
-
-@dataclass
-class LogitsRunner:
-    """Raw classification logits, beside the batcher (infinity-emb's classify always applies
-    softmax). One bounded executor per model, so this work cannot starve the shared thread
-    pool (token counting, DNS, media decoding); chunked, so a cancelled request stops at the
-    next chunk instead of running to the end."""
-
-    pipe: Any
-    executor: concurrent.futures.ThreadPoolExecutor
-    chunk: int = 32
-
-    @classmethod
-    def for_replica(cls, replica: Any, name: str) -> LogitsRunner | None:
-        if kind_of(replica) != "classifier":
-            return None
-        pipe = attr(replica, "_pipe", "SentenceClassifier")
-        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"logits-{name}")
-        return cls(pipe, pool)
-
-    def _run(self, texts: Sequence[Any], stop: threading.Event) -> list[list[dict[str, Any]]]:
-        out: list[list[dict[str, Any]]] = []
-        for start in range(0, len(texts), self.chunk):
-            if stop.is_set():
-                break
-            part = list(texts[start : start + self.chunk])
-            rows = self.pipe(part, top_k=None, function_to_apply="none", truncation=True)
-            out += [r if isinstance(r, list) else [r] for r in rows]
-        return out
-
-    async def logits(self, texts: Sequence[Any]) -> list[list[dict[str, Any]]]:
-        """Per input (a text, or a {'text', 'text_pair'} dict), every label's logit."""
-        stop = threading.Event()
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self.executor, self._run, texts, stop)
-        except asyncio.CancelledError:
-            stop.set()  # the running chunk finishes; no further chunk starts
-            raise
-
-    def close(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
-
-
 # ---------------------------------------------------------------- the contract
 
 
 def contract_problems(engine: Any) -> list[str]:
     """Every internal this module reads, checked on a started engine; [] when all are there."""
+    if is_native(engine) is not None:
+        return []
     problems = []
     for check in (
         lambda: replica_of(engine),
@@ -332,69 +320,3 @@ def contract_problems(engine: Any) -> list[str]:
     if handler is not None and not hasattr(handler, "_push_task"):
         problems.append("infinity-emb changed: BatchHandler._push_task is gone")
     return problems
-
-
-# ---------------------------------------------------------------- usage from the engine
-# (its types and readers in engine/usage.py, re-exported here)
-
-
-def count_tokens_in_engine(replica: Any) -> bool:
-    """Make the engine report each input's token count with its embedding, from the
-    tokenisation it does anyway (no second tokeniser pass on the request path).
-
-    infinity-emb runs encode_pre -> encode_core -> encode_post per batch, in that order, on
-    three threads; the counts ride along with the batch from the first to the last. Only for
-    sentence-transformers embedders with one vector per input; False where not installed.
-
-    The engine L2-normalises every vector (`normalize_embeddings`) and drops the norm; where
-    that switch exists it is turned off and the same normalisation is done here, on the same
-    thread, keeping each row's norm, so that TEI's `normalize=false` can have the model's own
-    output back (see raw_vectors).
-    """
-    if kind_of(replica) != "embedder" or getattr(replica, "mode_colbert", False):
-        return False
-    pre, core, post = replica.encode_pre, replica.encode_core, replica.encode_post
-    normalize_here = getattr(replica, "normalize_embeddings", None) is True
-    if normalize_here:
-        replica.normalize_embeddings = False
-
-    def encode_pre(sentences: list[str]) -> tuple[Any, list[int] | None]:
-        if any(isinstance(s, TokenIds) for s in sentences):
-            features = features_from_ids(replica, sentences)
-        else:
-            features = pre(sentences)
-        mask = features.get("attention_mask") if isinstance(features, dict) else None
-        return features, (mask.sum(dim=1).tolist() if mask is not None else None)
-
-    def encode_core(packed: tuple[Any, list[int] | None]) -> tuple[Any, list[int] | None]:
-        features, counts = packed
-        return core(features), counts
-
-    def encode_post(packed: tuple[Any, list[int] | None]) -> Any:
-        out, counts = packed
-        results = post(out)
-        norms: Any = None
-        if normalize_here:
-            matrix = np.asarray(results, dtype=np.float32)
-            norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-            results = matrix / np.maximum(norms, 1e-12)  # what the engine would have done
-        if counts is None or len(counts) != len(results):
-            return results
-        counted = []
-        for i, (row, n) in enumerate(zip(results, counts, strict=True)):
-            array = np.asarray(row).view(TokenCountedArray)
-            array.tokens = int(n)
-            if norms is not None:
-                array.norm = float(norms[i, 0])
-            counted.append(array)
-        return counted
-
-    replica.encode_pre, replica.encode_core = encode_pre, encode_core
-    replica.encode_post = encode_post
-    replica.openai_compat_token_ids = True  # TokenIds inputs are embedded as given
-    return True
-
-
-def accepts_token_ids(replica: Any) -> bool:
-    """Whether the engine embeds TokenIds inputs exactly (count_tokens_in_engine installed)."""
-    return getattr(replica, "openai_compat_token_ids", False) is True

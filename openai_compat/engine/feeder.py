@@ -43,14 +43,15 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from openai_compat.engine import adapter
+from openai_compat.engine.priority import _BACKGROUND, background, in_background
 from openai_compat.errors import ModelOutputError, ServiceUnavailable
+
+__all__ = ["Feeder", "background", "in_background"]
 
 GATHER_FRACTION = 0.05  # of the recent wave time
 GATHER_MAX_S = 0.010
@@ -61,24 +62,6 @@ TRICKLE_S = 0.025  # beside live traffic a background chunk is about this much e
 TRICKLE_FRACTION = 8  # ... or batch_size / 8 inputs until the engine's speed is known
 
 logger = logging.getLogger("openai_compat")
-
-_BACKGROUND: ContextVar[bool] = ContextVar("openai_compat_background", default=False)
-
-
-@contextmanager
-def background() -> Iterator[None]:
-    """Embed calls made inside this block wait for live ones (see the module text)."""
-    token = _BACKGROUND.set(True)
-    try:
-        yield
-    finally:
-        _BACKGROUND.reset(token)
-
-
-def in_background() -> bool:
-    """Whether the calling code runs inside `background()` (a Batch API line)."""
-    return _BACKGROUND.get()
-
 
 @dataclass(eq=False)
 class _Call:

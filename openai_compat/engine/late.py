@@ -13,16 +13,24 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat.engine.adapter import kind_of
+from openai_compat.engine.adapter import is_native, kind_of
+
+
+def _model(replica: Any) -> Any:
+    """The SentenceTransformer: a native engine's model, or infinity-emb's replica (a subclass)."""
+    return replica.model if is_native(replica) is not None else replica
 
 
 def pooling_mode(replica: Any) -> str | None:
     """The replica's pooling ("mean", "cls", "lasttoken"...), None if it has no Pooling."""
-    if kind_of(replica) != "embedder" or getattr(replica, "mode_colbert", False):
+    colbert = getattr(replica, "mode_colbert", False) or getattr(
+        getattr(replica, "runner", None), "multivector", False
+    )
+    if kind_of(replica) != "embedder" or colbert:
         return None
     from sentence_transformers.models import Pooling
 
-    for module in replica:
+    for module in _model(replica):
         if isinstance(module, Pooling):
             return str(module.get_pooling_mode_str())
     return None
@@ -32,9 +40,12 @@ def _forward(replica: Any, text: str) -> tuple[np.ndarray, np.ndarray]:
     import torch
     from sentence_transformers.util import batch_to_device
 
+    model = _model(replica)
+    # sentence-transformers 6 prepares inputs with `preprocess` (`tokenize` before it)
+    prepare = getattr(model, "preprocess", None) or model.tokenize
     with torch.inference_mode():
-        features = batch_to_device(replica.tokenize([text]), replica.device)
-        out = replica.forward(features)
+        features = batch_to_device(prepare([text]), model.device)
+        out = model.forward(features)
     tokens = out["token_embeddings"][0].float().cpu().numpy()
     sentence = out["sentence_embedding"][0].float().cpu().numpy()
     return tokens, sentence

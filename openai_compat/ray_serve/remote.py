@@ -141,7 +141,7 @@ class RemoteEngine:
 
 
 class RemoteLogits:
-    """adapter.LogitsRunner's interface (raw classification logits), on the deployment."""
+    """infinity_hooks.LogitsRunner's interface (raw classification logits), on the deployment."""
 
     def __init__(self, engine: RemoteEngine) -> None:
         self.engine = engine

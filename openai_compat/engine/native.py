@@ -1,0 +1,232 @@
+"""The native engine: one model on sentence-transformers 6, our own queue and forward thread.
+
+It offers the calls the server makes of an engine (embed, rerank, classify and raw logits;
+capabilities; astart/astop), so the rest of the server cannot tell it from the optional
+infinity-emb engine. A call's inputs are tokenized on the model's preparation thread (off the
+event loop, one thread: a fast tokenizer is not safe to share between threads, and its batch
+encoding is parallel inside already), then wait in the model's scheduler (scheduler.py) for
+the forward thread, which runs one batch at a time with torch's threads sized to the CPUs the
+process may use (cpus.py).
+
+Kinds: a folder whose architecture is `*ForSequenceClassification` is a CrossEncoder, a
+reranker with one label and a classifier with more (raw logits, softmax for classify, the
+model's own activation for rerank, as `predict` applies it); anything else is a
+SentenceTransformer embedder, ColBERT-style architectures giving one vector per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from openai_compat.engine.priority import in_background
+from openai_compat.engine.scheduler import Scheduler
+from openai_compat.engine.text import TextKind, TextRunner
+
+# TEI's default budget for one batch, in padded tokens (max_len x n).
+DEFAULT_MAX_BATCH_TOKENS = 16384
+_CAPABILITIES: dict[TextKind, set[str]] = {
+    "embedder": {"embed"},
+    "crossencoder": {"rerank"},
+    "classifier": {"classify"},
+}
+_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+@dataclass
+class RerankScore:
+    """One document's score (the fields scoring.py reads of any engine's rerank)."""
+
+    index: int
+    relevance_score: float
+    document: str
+
+
+class NativeEngine:
+    """One loaded model behind its scheduler."""
+
+    def __init__(
+        self,
+        runner: TextRunner,
+        *,
+        name: str,
+        batch_size: int,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    ) -> None:
+        self.runner, self.name = runner, name
+        self.kind: TextKind = runner.kind
+        self.model = runner.model  # the library's own object (public attributes only)
+        self.capabilities = set(_CAPABILITIES[self.kind])
+        self.scheduler = Scheduler(
+            runner, name=name, batch_size=batch_size, max_batch_tokens=max_batch_tokens
+        )
+        self._prepare = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix=f"prepare-{name}"
+        )
+        self._started = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    @property
+    def is_running(self) -> bool:
+        return self._started and self.scheduler.running
+
+    async def astart(self) -> None:
+        if not self._started:
+            self.scheduler.start()
+            self._started = True
+
+    async def astop(self) -> None:
+        self._prepare.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self.scheduler.stop)
+
+    def queue_length(self) -> int:
+        return self.scheduler.waiting()
+
+    # ------------------------------------------------------------ calls
+
+    async def _run(self, inputs: Sequence[Any]) -> tuple[list[Any], int]:
+        """The runner's results for `inputs`, and the tokens they took (after truncation,
+        special tokens included)."""
+        if not self.is_running:
+            raise RuntimeError(f"model {self.name!r}: the engine is not running")
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(self._prepare, self.runner.prepare, list(inputs))
+        costs = [r.length for r in rows]
+        results = await self.scheduler.submit(rows, costs, background=in_background())
+        return results, sum(costs)
+
+    async def embed(self, sentences: Sequence[str]) -> tuple[list[Any], int]:
+        """Unit vectors (or token vectors) with their tokens and norms; usage in tokens."""
+        self._check("embed")
+        return await self._run(sentences)
+
+    async def rerank(
+        self, *, query: str, docs: Sequence[str], raw_scores: bool = False
+    ) -> tuple[list[RerankScore], int]:
+        """Each (query, doc) pair's score: the model's activation (sigmoid for one label)
+        of its logit, as CrossEncoder.predict gives it; the raw logit if asked."""
+        self._check("rerank")
+        rows, tokens = await self._scores([(query, d) for d in docs])
+        logits = np.stack(rows)[:, 0] if rows else np.zeros(0, dtype=np.float32)
+        scores = logits if raw_scores else self._activation(logits)
+        results = [
+            RerankScore(i, float(s), d) for i, (s, d) in enumerate(zip(scores, docs, strict=True))
+        ]
+        return results, tokens
+
+    async def classify(
+        self, *, sentences: Sequence[str], raw_scores: bool = False
+    ) -> tuple[list[list[dict[str, Any]]], int]:
+        """Every label's probability (softmax of the logits) per input, or the logits."""
+        self._check("classify")
+        rows, tokens = await self._scores(list(sentences))
+        return [self._labelled(r, softmax=not raw_scores) for r in rows], tokens
+
+    async def logits(self, inputs: Sequence[Any]) -> list[list[dict[str, Any]]]:
+        """Raw logits per input: a text, or a {'text', 'text_pair'} dict (a pair)."""
+        pairs = [(x["text"], x["text_pair"]) if isinstance(x, dict) else x for x in inputs]
+        rows, _ = await self._scores(pairs)
+        return [self._labelled(r, softmax=False) for r in rows]
+
+    async def _scores(self, inputs: list[Any]) -> tuple[list[np.ndarray], int]:
+        if not inputs:
+            return [], 0
+        return await self._run(inputs)
+
+    def _check(self, capability: str) -> None:
+        if capability not in self.capabilities:
+            raise ValueError(f"model {self.name!r} cannot {capability}")
+
+    def _activation(self, logits: np.ndarray) -> np.ndarray:
+        import torch
+
+        fn = getattr(self.model, "activation_fn", None)
+        if fn is None:
+            return logits
+        with torch.inference_mode():
+            return fn(torch.from_numpy(np.ascontiguousarray(logits))).float().numpy()
+
+    def _labelled(self, row: np.ndarray, *, softmax: bool) -> list[dict[str, Any]]:
+        values = row.astype(np.float64)
+        if softmax:
+            values = np.exp(values - values.max())
+            values = values / values.sum()
+        labels = self.id2label()
+        return [
+            {"label": labels.get(str(i), f"LABEL_{i}"), "score": float(v)}
+            for i, v in enumerate(values)
+        ]
+
+    # ------------------------------------------------------------ what the server asks
+
+    def id2label(self) -> dict[str, str]:
+        config = getattr(self.model, "config", None)
+        labels = getattr(config, "id2label", None) or {}
+        return {str(k): str(v) for k, v in labels.items()}
+
+    def torch_modules(self) -> list[Any]:
+        return [self.model]
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _architectures(source: str, revision: str | None, trust_remote_code: bool) -> list[str]:
+    folder = Path(source)
+    if (folder / "config.json").is_file():
+        config = json.loads((folder / "config.json").read_text())
+        return [str(a) for a in config.get("architectures") or []]
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(
+        source, revision=revision, trust_remote_code=trust_remote_code
+    )
+    return [str(a) for a in getattr(config, "architectures", None) or []]
+
+
+def load(config: Any, threads: int) -> NativeEngine:
+    """Build (load the weights of) the engine for one configured model. Blocking."""
+    source = str(config.source)
+    archs = _architectures(source, config.revision, config.trust_remote_code)
+    device = None if config.device == "auto" else config.device
+    options: dict[str, Any] = dict(
+        device=device, revision=config.revision, trust_remote_code=config.trust_remote_code
+    )
+    if config.dtype in _DTYPES:
+        options["model_kwargs"] = {"dtype": _DTYPES[config.dtype]}
+    elif config.dtype != "auto":
+        raise ValueError(f"dtype {config.dtype!r} is not served by the native engine")
+    kind: TextKind
+    if any(a.endswith("ForSequenceClassification") for a in archs):
+        from sentence_transformers import CrossEncoder
+
+        model: Any = CrossEncoder(source, **options)
+        kind = "crossencoder" if model.num_labels == 1 else "classifier"
+        multivector = False
+    else:
+        unsupported = [a for a in archs if a.endswith(("ForMaskedLM", "CLIPModel", "ClapModel"))]
+        if unsupported or config.kind == "sparse":
+            raise ValueError(
+                f"a {unsupported[0] if unsupported else 'sparse'} model is not served by the "
+                "native engine yet; use engine = 'torch' (infinity-emb)"
+            )
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(source, **options)
+        kind = "embedder"
+        multivector = bool(archs) and "colbert" in archs[0].lower()
+    runner = TextRunner(model, kind, threads, multivector=multivector)
+    return NativeEngine(
+        runner,
+        name=config.served_name,
+        batch_size=config.batch_size,
+        max_batch_tokens=config.max_batch_tokens,
+    )

@@ -1,0 +1,290 @@
+"""The native engine's scheduling: one queue per model, batches formed by a token budget, one
+forward pass at a time on the model's own thread.
+
+A caller's inputs arrive prepared (tokenized off the event loop, each with its cost in tokens)
+and wait as slots in the model's queue: live calls in one, Batch API lines (feeder.background)
+in another that is served only while no live input waits. When the forward thread is free it
+forms the next batch from the oldest `window` live slots: sorted by cost, the run of
+neighbouring lengths around the oldest slot (so nothing waits behind newer work for long),
+grown while `max_len x n <= max_batch_tokens` (what a padded batch costs, TEI's rule) and
+`n <= batch_size`, never empty. A caller that has gone (its future cancelled) is skipped at
+formation: its inputs never reach the model. While live calls keep coming, background
+batches are an eighth of batch_size, so a live request never waits behind a full one.
+Results go back with one event-loop callback per
+batch; a failing batch fails only its own callers.
+
+There are no pollers: the forward thread sleeps on a condition until work arrives, callers
+await a future. Whatever the runner is (runners.py), it is only ever called on this thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+logger = logging.getLogger("openai_compat.engine")
+
+# Slots considered per formation, in batches: enough to sort lengths, few enough to stay fair.
+WINDOW_BATCHES = 8
+# Background batches beside live traffic are this fraction of batch_size, so a live request
+# that arrives waits for at most a short batch (feeder.py's TRICKLE_FRACTION); full batches
+# again once no live call has come for QUIET_S.
+TRICKLE_FRACTION = 8
+QUIET_S = 0.5
+
+
+class Runner(Protocol):
+    def on_thread(self) -> None:
+        """Runs once, first thing on the forward thread (thread counts, inference mode)."""
+
+    def run(self, items: Sequence[Any]) -> list[Any]:
+        """One batch: the prepared items -> one result each, in order."""
+
+
+class EngineStopped(RuntimeError):
+    """The model was unloaded or the server is stopping while work was queued."""
+
+
+@dataclass(eq=False)
+class Call:
+    """One caller's inputs and the future its results go to."""
+
+    items: Sequence[Any]
+    future: asyncio.Future[list[Any]]
+    loop: asyncio.AbstractEventLoop
+    results: list[Any] = field(default_factory=list)
+    remaining: int = 0
+
+    def wanted(self) -> bool:
+        return not self.future.done()
+
+
+@dataclass(eq=False)
+class Slot:
+    call: Call
+    index: int
+    cost: int
+    order: int  # arrival order, for "oldest"
+
+
+@dataclass
+class BatchStats:
+    """What the forward thread has done (GET /admin/models, /metrics, the bench report)."""
+
+    batches: int = 0
+    inputs: int = 0
+    tokens: int = 0  # real tokens
+    padded_tokens: int = 0  # max_len x n, summed
+    dropped_inputs: int = 0  # of callers gone before their batch
+    forward_seconds: float = 0.0
+    busy_since: float = field(default_factory=time.monotonic)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batches": self.batches,
+            "inputs": self.inputs,
+            "tokens": self.tokens,
+            "padded_tokens": self.padded_tokens,
+            "dropped_inputs": self.dropped_inputs,
+            "forward_seconds": round(self.forward_seconds, 3),
+        }
+
+
+def form_batch(window: Sequence[Slot], batch_size: int, max_batch_tokens: int) -> list[Slot]:
+    """The next batch from `window` (oldest first, all wanted): the oldest slot and its
+    neighbours in length order, shorter ones first, while the padded cost stays within
+    the budget and the count within batch_size. Never empty; length-sorted."""
+    order = sorted(window, key=lambda s: (s.cost, s.order))
+    lo = hi = order.index(window[0])
+    while hi - lo + 1 < batch_size:
+        n = hi - lo + 2
+        if lo > 0 and order[hi].cost * n <= max_batch_tokens:
+            lo -= 1
+        elif hi + 1 < len(order) and order[hi + 1].cost * n <= max_batch_tokens:
+            hi += 1
+        else:
+            break
+    return order[lo : hi + 1]
+
+
+class Scheduler:
+    """The queue and forward thread of one model replica."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        name: str,
+        batch_size: int,
+        max_batch_tokens: int,
+        on_batch: Callable[[list[Slot]], None] | None = None,
+    ) -> None:
+        self.runner, self.name = runner, name
+        self.batch_size, self.max_batch_tokens = max(1, batch_size), max(1, max_batch_tokens)
+        self.stats = BatchStats()
+        self._on_batch = on_batch  # tests observe formation here
+        self._cond = threading.Condition()
+        self._live: deque[Slot] = deque()
+        self._background: deque[Slot] = deque()
+        self._order = itertools.count()
+        self._last_live = -QUIET_S  # time.monotonic() of the last live call
+        self._stopping = False
+        self._thread = threading.Thread(target=self._serve, name=f"forward-{name}", daemon=True)
+
+    # ------------------------------------------------------------ the caller's side
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def waiting(self) -> int:
+        """Inputs queued and not yet in a batch."""
+        with self._cond:
+            return len(self._live) + len(self._background)
+
+    async def submit(
+        self, items: Sequence[Any], costs: Sequence[int], *, background: bool = False
+    ) -> list[Any]:
+        """Queue a caller's prepared inputs; their results, in order. Cancelling the await
+        withdraws the inputs that are not yet in a batch."""
+        if not items:
+            return []
+        loop = asyncio.get_running_loop()
+        call = Call(items, loop.create_future(), loop, [None] * len(items), len(items))
+        with self._cond:
+            if self._stopping:
+                raise EngineStopped(f"model {self.name!r} is stopping")
+            queue = self._background if background else self._live
+            if not background:
+                self._last_live = time.monotonic()
+            for i, cost in enumerate(costs):
+                queue.append(Slot(call, i, max(1, int(cost)), next(self._order)))
+            self._cond.notify()
+        return await call.future
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Fail what is queued, let the running batch finish, end the thread."""
+        with self._cond:
+            self._stopping = True
+            pending = list(self._live) + list(self._background)
+            self._live.clear()
+            self._background.clear()
+            self._cond.notify_all()
+        _fail({s.call for s in pending}, EngineStopped(f"model {self.name!r} was stopped"))
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------ the forward thread
+
+    def _next_batch(self) -> list[Slot] | None:
+        """Under the lock: wait for work, then form a batch (None once stopping)."""
+        while True:
+            while not self._stopping and not self._live and not self._background:
+                self._cond.wait()
+            if self._stopping:
+                return None
+            queue = self._live if self._live else self._background
+            size = self.batch_size
+            if queue is self._background and time.monotonic() - self._last_live < QUIET_S:
+                size = max(1, size // TRICKLE_FRACTION)  # live traffic is about: short batches
+            window: list[Slot] = []
+            limit = size * WINDOW_BATCHES
+            kept: deque[Slot] = deque()
+            while queue and len(window) < limit:
+                slot = queue.popleft()
+                if slot.call.wanted():
+                    window.append(slot)
+                else:
+                    self.stats.dropped_inputs += 1
+            if not window:
+                continue
+            batch = form_batch(window, size, self.max_batch_tokens)
+            taken = set(map(id, batch))
+            kept.extend(s for s in window if id(s) not in taken)
+            queue.extendleft(reversed(kept))  # the rest keep their place at the front
+            return batch
+
+    def _serve(self) -> None:
+        try:
+            self.runner.on_thread()
+        except BaseException as exc:  # the model cannot run: fail everyone, stop
+            logger.exception("model %r: the forward thread could not start", self.name)
+            with self._cond:
+                self._stopping = True
+                pending = list(self._live) + list(self._background)
+                self._live.clear()
+                self._background.clear()
+            _fail({s.call for s in pending}, exc)
+            return
+        while True:
+            with self._cond:
+                batch = self._next_batch()
+            if batch is None:
+                return
+            batch = [s for s in batch if s.call.wanted()]  # gone while the lock was let go
+            if batch:
+                self._run(batch)
+
+    def _run(self, batch: list[Slot]) -> None:
+        if self._on_batch is not None:
+            self._on_batch(batch)
+        started = time.perf_counter()
+        try:
+            results = self.runner.run([s.call.items[s.index] for s in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"the runner gave {len(results)} results for {len(batch)}")
+        except BaseException as exc:  # a batch's error fails its callers only
+            logger.debug("model %r: batch failed", self.name, exc_info=True)
+            _fail({s.call for s in batch}, exc)
+            return
+        finally:
+            stats = self.stats
+            stats.forward_seconds += time.perf_counter() - started
+            stats.batches += 1
+            stats.inputs += len(batch)
+            stats.tokens += sum(s.cost for s in batch)
+            stats.padded_tokens += max(s.cost for s in batch) * len(batch)
+        done: list[Call] = []
+        for slot, result in zip(batch, results, strict=True):
+            call = slot.call
+            call.results[slot.index] = result
+            call.remaining -= 1
+            if call.remaining == 0:
+                done.append(call)
+        for loop, calls in _by_loop(done).items():
+            loop.call_soon_threadsafe(_resolve, calls)
+
+
+def _by_loop(calls: Sequence[Call]) -> dict[asyncio.AbstractEventLoop, list[Call]]:
+    grouped: dict[asyncio.AbstractEventLoop, list[Call]] = {}
+    for call in calls:
+        grouped.setdefault(call.loop, []).append(call)
+    return grouped
+
+
+def _resolve(calls: list[Call]) -> None:
+    for call in calls:
+        if not call.future.done():
+            call.future.set_result(call.results)
+
+
+def _reject(calls: list[Call], exc: BaseException) -> None:
+    for call in calls:
+        if not call.future.done():
+            call.future.set_exception(exc)
+
+
+def _fail(calls: set[Call], exc: BaseException) -> None:
+    for loop, group in _by_loop(list(calls)).items():
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(_reject, group, exc)

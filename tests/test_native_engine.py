@@ -1,0 +1,304 @@
+"""The native engine (engine/native.py) on sentence-transformers 6: every kind it serves equals
+the library's own computation (1e-5), in-process and through a real server process.
+
+Needs the new stack (sentence-transformers >= 6, transformers >= 5.3), which infinity-emb's
+pins keep out of the default environment: CI runs this module in a venv of its own
+(`.ci/run`, requirements/native.txt); elsewhere it is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+st = pytest.importorskip("sentence_transformers")
+if int(st.__version__.split(".")[0]) < 6:
+    pytest.skip("the native engine needs sentence-transformers >= 6", allow_module_level=True)
+
+from openai_compat.engine import native  # noqa: E402
+from openai_compat.engine.usage import TokenIds  # noqa: E402
+from tests.utils import RemoteServer  # noqa: E402
+
+TEXTS = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The stock market crashed today.",
+    *(f"sentence {i} " + "word " * (i % 13) for i in range(45)),
+]
+
+
+def config(source: Path | str, **kw: Any) -> Any:
+    base = dict(
+        source=str(source),
+        revision=None,
+        trust_remote_code=False,
+        device="cpu",
+        dtype="auto",
+        kind="auto",
+        served_name="m",
+        batch_size=8,
+        max_batch_tokens=16384,
+    )
+    return SimpleNamespace(**{**base, **kw})
+
+
+def tiny_cross_encoder(minilm: str, out: Path, labels: int) -> Path:
+    """A small randomly initialised BERT classifier on MiniLM's vocabulary (seeded)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(labels)
+    tokenizer = AutoTokenizer.from_pretrained(minilm)
+    cfg = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        num_labels=labels,
+        id2label={i: f"class-{i}" for i in range(labels)},
+        label2id={f"class-{i}": i for i in range(labels)},
+    )
+    model = BertForSequenceClassification(cfg).eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("native")
+    colbert = root / "colbert"
+    shutil.copytree(minilm_path, colbert)
+    cfg = json.loads((colbert / "config.json").read_text())
+    cfg["architectures"] = ["HF_ColBERT"]
+    (colbert / "config.json").write_text(json.dumps(cfg))
+    return {
+        "minilm": Path(minilm_path),
+        "reranker": tiny_cross_encoder(minilm_path, root / "reranker", 1),
+        "classifier": tiny_cross_encoder(minilm_path, root / "classifier", 3),
+        "colbert": colbert,
+    }
+
+
+def run(engine: native.NativeEngine, work: Any) -> Any:
+    async def main() -> Any:
+        await engine.astart()
+        try:
+            return await work()
+        finally:
+            await engine.astop()
+
+    return asyncio.run(main())
+
+
+def test_embeddings_equal_the_librarys_encode_with_counts_and_norms(
+    models: dict[str, Path],
+) -> None:
+    engine = native.load(config(models["minilm"]), threads=2)
+    reference = engine.model.encode(TEXTS, normalize_embeddings=False)
+    tokenizer = engine.model.tokenizer
+
+    async def work() -> Any:  # many callers at once: their inputs share batches
+        return await asyncio.gather(*(engine.embed(TEXTS[i : i + 5]) for i in range(0, 48, 5)))
+
+    answers = run(engine, work)
+    vectors = [v for vs, _ in answers for v in vs]
+    got = np.stack([np.asarray(v) * v.norm for v in vectors])  # back to the raw output
+    assert np.max(np.abs(got - reference)) < 1e-5
+    unit = reference / np.linalg.norm(reference, axis=1, keepdims=True)
+    assert np.max(np.abs(np.stack(vectors) - unit)) < 1e-5
+    counts = [len(tokenizer(t)["input_ids"]) for t in TEXTS]
+    assert [v.tokens for v in vectors] == counts
+    assert [u for _, u in answers] == [sum(counts[i : i + 5]) for i in range(0, 48, 5)]
+    assert float(vectors[0] @ vectors[1]) == pytest.approx(0.7553, abs=1e-4)
+    stats = engine.scheduler.stats
+    assert stats.inputs == len(TEXTS) and stats.batches >= len(TEXTS) // 8
+
+
+def test_token_ids_are_embedded_as_given(models: dict[str, Path]) -> None:
+    engine = native.load(config(models["minilm"]), threads=1)
+    ids = engine.model.tokenizer(TEXTS[0])["input_ids"]
+    cut = ids[:4]  # ids no tokenizer would make from any text: [CLS] a man is
+
+    async def work() -> Any:
+        return await engine.embed([TokenIds("x", ids), TokenIds("y", cut), TEXTS[1]])
+
+    (whole, part, text), tokens = run(engine, work)
+    ref = engine.model.encode([TEXTS[0], TEXTS[1]], normalize_embeddings=True)
+    assert np.max(np.abs(whole - ref[0])) < 1e-5 and np.max(np.abs(text - ref[1])) < 1e-5
+    assert part.tokens == 4 and tokens == len(ids) + 4 + text.tokens
+    assert float(part @ whole) < 0.99  # the cut ids were embedded, not the text
+
+
+def test_the_forward_thread_uses_the_threads_it_is_given(models: dict[str, Path]) -> None:
+    import torch
+
+    engine = native.load(config(models["minilm"]), threads=1)
+    seen: list[tuple[str, int]] = []
+    inner = engine.runner.run
+
+    def spy(rows: Any) -> Any:
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return inner(rows)
+
+    engine.runner.run = spy  # type: ignore[method-assign]
+    run(engine, lambda: engine.embed(TEXTS[:3]))
+    assert seen == [("forward-m", 1)]
+
+
+def test_max_batch_tokens_bounds_every_batch(models: dict[str, Path]) -> None:
+    engine = native.load(config(models["minilm"], batch_size=32, max_batch_tokens=64), 1)
+    batches: list[list[int]] = []
+    inner = engine.runner.run
+
+    def spy(rows: Any) -> Any:
+        batches.append([r.length for r in rows])
+        return inner(rows)
+
+    engine.runner.run = spy  # type: ignore[method-assign]
+    vectors, _ = run(engine, lambda: engine.embed(TEXTS))
+    assert sum(len(b) for b in batches) == len(TEXTS)
+    assert all(len(b) == 1 or max(b) * len(b) <= 64 for b in batches)
+    assert max(len(b) for b in batches) < 32  # the budget, not batch_size, cut them
+    reference = engine.model.encode(TEXTS, normalize_embeddings=True)
+    assert np.max(np.abs(np.stack(vectors) - reference)) < 1e-5
+
+
+def test_rerank_equals_cross_encoder_predict(models: dict[str, Path]) -> None:
+    engine = native.load(config(models["reranker"]), threads=2)
+    assert engine.capabilities == {"rerank"}
+    docs = TEXTS[1:20]
+    expected = engine.model.predict([(TEXTS[0], d) for d in docs])  # sigmoid of the logit
+
+    async def work() -> Any:
+        return await engine.rerank(query=TEXTS[0], docs=docs)
+
+    results, tokens = run(engine, work)
+    assert [r.index for r in results] == list(range(len(docs)))
+    assert np.max(np.abs(np.array([r.relevance_score for r in results]) - expected)) < 1e-5
+    pair_tokens = engine.model.tokenizer([TEXTS[0]] * len(docs), docs)["input_ids"]
+    assert tokens == sum(len(p) for p in pair_tokens)
+
+
+def test_classify_equals_predict_softmax_and_logits_are_raw(models: dict[str, Path]) -> None:
+    engine = native.load(config(models["classifier"]), threads=2)
+    assert engine.capabilities == {"classify"}
+    # predict takes a list as one input pair: single texts go one by one
+    probs = np.stack([engine.model.predict(t, apply_softmax=True) for t in TEXTS[:10]])
+    logits = engine.model.predict([(TEXTS[0], TEXTS[1])], activation_fn=torch_identity())
+
+    async def work() -> Any:
+        labelled, _ = await engine.classify(sentences=TEXTS[:10])
+        raw = await engine.logits([{"text": TEXTS[0], "text_pair": TEXTS[1]}])
+        return labelled, raw
+
+    labelled, raw = run(engine, work)
+    got = np.array([[d["score"] for d in row] for row in labelled])
+    assert [d["label"] for d in labelled[0]] == ["class-0", "class-1", "class-2"]
+    assert np.max(np.abs(got - probs)) < 1e-5
+    assert np.max(np.abs(np.array([d["score"] for d in raw[0]]) - logits[0])) < 1e-5
+
+
+def torch_identity() -> Any:
+    import torch
+
+    return torch.nn.Identity()
+
+
+def test_colbert_style_models_give_their_token_vectors(models: dict[str, Path]) -> None:
+    engine = native.load(config(models["colbert"]), threads=2)
+    reference = engine.model.encode(TEXTS[:6], output_value="token_embeddings")
+
+    async def work() -> Any:
+        return await engine.embed(TEXTS[:6])
+
+    vectors, _ = run(engine, work)
+    for got, ref in zip(vectors, reference, strict=True):
+        assert got.shape == tuple(ref.shape)
+        assert np.max(np.abs(got - ref.numpy())) < 1e-5
+
+
+def test_kinds_it_does_not_serve_yet_are_refused_by_name(
+    tmp_path: Path, models: dict[str, Path]
+) -> None:
+    folder = tmp_path / "mlm"
+    shutil.copytree(models["minilm"], folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["architectures"] = ["BertForMaskedLM"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="BertForMaskedLM model is not served by the native"):
+        native.load(config(folder), threads=1)
+
+
+# ---------------------------------------------------------------- through a server process
+
+
+@pytest.fixture(scope="module")
+def server(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    toml = tmp_path_factory.mktemp("cfg") / "native.toml"
+    toml.write_text(
+        "".join(
+            f'[[models]]\nmodel = "{models[n]}"\nname = "{n}"\nengine = "native"\n\n'
+            for n in ("minilm", "reranker", "classifier")
+        )
+    )
+    with RemoteServer(["--config", str(toml)]) as srv:
+        yield srv
+
+
+@pytest.mark.slow
+def test_a_server_on_the_native_engine_answers_every_kind(
+    server: Any, models: dict[str, Path]
+) -> None:
+    import base64
+
+    import openai
+    from sentence_transformers import CrossEncoder, SentenceTransformer
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    got = client.embeddings.create(model="minilm", input=TEXTS[:20])
+    reference = SentenceTransformer(str(models["minilm"]), device="cpu").encode(
+        TEXTS[:20], normalize_embeddings=True
+    )
+    matrix = np.array([d.embedding for d in got.data], dtype=np.float32)
+    assert np.max(np.abs(matrix - reference)) < 1e-5
+    b64 = httpx.post(
+        server.url + "/v1/embeddings",
+        json={"model": "minilm", "input": TEXTS[0], "encoding_format": "base64"},
+    ).json()["data"][0]["embedding"]
+    assert np.max(np.abs(np.frombuffer(base64.b64decode(b64), "<f4") - reference[0])) < 1e-5
+
+    docs = TEXTS[1:8]
+    ranked = httpx.post(
+        server.url + "/v1/rerank",
+        json={"model": "reranker", "query": TEXTS[0], "documents": docs},
+    ).json()["results"]
+    expected = CrossEncoder(str(models["reranker"]), device="cpu").predict(
+        [(TEXTS[0], d) for d in docs]
+    )
+    assert [r["index"] for r in ranked] == list(np.argsort(-expected, kind="stable"))
+    for r in ranked:
+        assert r["relevance_score"] == pytest.approx(float(expected[r["index"]]), abs=1e-5)
+
+    classified = httpx.post(
+        server.url + "/classify", json={"model": "classifier", "input": [TEXTS[2]]}
+    )
+    assert classified.status_code == 200, classified.text
+    probs = CrossEncoder(str(models["classifier"]), device="cpu").predict(
+        TEXTS[2], apply_softmax=True
+    )
+    scores = {d["label"]: d["score"] for d in classified.json()["data"][0]}
+    for i, p in enumerate(probs):
+        assert scores[f"class-{i}"] == pytest.approx(float(p), abs=1e-5)

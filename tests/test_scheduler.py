@@ -1,0 +1,155 @@
+"""The native engine's scheduler (engine/scheduler.py): token-budget batches, departed callers,
+live before background, failures kept to their batch, stopping. A scripted runner stands in
+for the model, so timing is controlled by events, never by this machine's speed."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from openai_compat.engine.scheduler import EngineStopped, Scheduler, Slot, form_batch
+
+
+class Recorder:
+    """Records every batch it runs; the first batch can be held until `release` is set."""
+
+    def __init__(self, hold_first: bool = False) -> None:
+        self.batches: list[list[Any]] = []
+        self.started = threading.Event()
+        self.release = threading.Event()
+        if not hold_first:
+            self.release.set()
+        self.thread_name = ""
+
+    def on_thread(self) -> None:
+        self.thread_name = threading.current_thread().name
+
+    def run(self, items: Sequence[Any]) -> list[Any]:
+        self.batches.append(list(items))
+        self.started.set()
+        self.release.wait(10)
+        if any(item == "poison" for item in items):
+            raise ValueError("poisoned batch")
+        return [f"done:{item}" for item in items]
+
+
+def slots(costs: Sequence[int]) -> list[Slot]:
+    call: Any = None
+    return [Slot(call, i, c, i) for i, c in enumerate(costs)]
+
+
+def test_batches_keep_to_the_token_budget_and_the_oldest_goes_first() -> None:
+    rng = random.Random(7)
+    for _ in range(500):
+        window = slots([rng.randint(1, 300) for _ in range(rng.randint(1, 80))])
+        size, budget = rng.randint(1, 32), rng.randint(1, 4096)
+        batch = form_batch(window, size, budget)
+        costs = [s.cost for s in batch]
+        assert batch and window[0] in batch  # never empty; nothing starves behind newer work
+        assert len(batch) <= size
+        assert len(batch) == 1 or max(costs) * len(batch) <= budget
+        assert costs == sorted(costs)  # length-sorted: small padding
+
+
+def test_a_batch_fills_up_to_the_budget_with_neighbouring_lengths() -> None:
+    # the oldest (100) and its shorter neighbours while 100 x n fits; the 300 never joins
+    window = slots([100, 10, 11, 12, 300, 13, 99])
+    assert [s.cost for s in form_batch(window, 32, 400)] == [12, 13, 99, 100]
+    assert [s.cost for s in form_batch(window, 32, 500)] == [11, 12, 13, 99, 100]
+    assert [s.cost for s in form_batch(window, 3, 10_000)] == [13, 99, 100]  # batch_size
+    # the oldest is short: longer neighbours join while the padded cost fits
+    assert [s.cost for s in form_batch(slots([10, 12, 30]), 32, 36)] == [10, 12]
+    assert [s.cost for s in form_batch(slots([50, 60]), 32, 10)] == [50]  # over budget alone
+
+
+async def test_a_departed_callers_inputs_never_reach_the_model() -> None:
+    runner = Recorder(hold_first=True)
+    s = Scheduler(runner, name="t", batch_size=8, max_batch_tokens=10_000)
+    s.start()
+    try:
+        first = asyncio.create_task(s.submit(["a"], [1]))
+        await asyncio.to_thread(runner.started.wait, 5)  # the forward thread holds batch 1
+        gone = asyncio.create_task(s.submit(["x", "y", "z"], [1, 1, 1]))
+        stays = asyncio.create_task(s.submit(["b"], [1]))
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        runner.release.set()
+        assert await first == ["done:a"]
+        assert await stays == ["done:b"]
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert runner.batches == [["a"], ["b"]]
+        assert s.stats.dropped_inputs == 3
+        assert runner.thread_name == "forward-t"
+    finally:
+        s.stop()
+
+
+async def test_live_inputs_go_before_background_ones_which_trickle_beside_them() -> None:
+    runner = Recorder(hold_first=True)
+    s = Scheduler(runner, name="t", batch_size=16, max_batch_tokens=10_000)
+    s.start()
+    try:
+        first = asyncio.create_task(s.submit(["busy"], [1]))
+        await asyncio.to_thread(runner.started.wait, 5)
+
+        lines = asyncio.create_task(
+            s.submit([f"bg{i}" for i in range(16)], [1] * 16, background=True)
+        )
+        await asyncio.sleep(0.05)
+        live = asyncio.create_task(s.submit(["live"], [1]))
+        await asyncio.sleep(0.05)
+        runner.release.set()
+        await asyncio.gather(first, lines, live)
+        order = runner.batches
+        assert order[1] == ["live"]  # queued after the background line, served before it
+        # live traffic was just seen: the background line goes in batches of 16 // 8
+        assert [len(b) for b in order[2:]] == [2] * 8
+    finally:
+        s.stop()
+
+
+async def test_a_failing_batch_fails_only_its_own_callers() -> None:
+    runner = Recorder(hold_first=True)
+    s = Scheduler(runner, name="t", batch_size=1, max_batch_tokens=10_000)
+    s.start()
+    try:
+        first = asyncio.create_task(s.submit(["a"], [1]))
+        await asyncio.to_thread(runner.started.wait, 5)
+        bad = asyncio.create_task(s.submit(["poison"], [1]))
+        good = asyncio.create_task(s.submit(["c"], [1]))
+        await asyncio.sleep(0.05)
+        runner.release.set()
+        with pytest.raises(ValueError, match="poisoned"):
+            await bad
+        assert await first == ["done:a"]
+        assert await good == ["done:c"]
+        assert s.running  # the thread goes on
+    finally:
+        s.stop()
+
+
+async def test_stopping_fails_what_is_queued_and_refuses_new_work() -> None:
+    runner = Recorder(hold_first=True)
+    s = Scheduler(runner, name="t", batch_size=1, max_batch_tokens=10_000)
+    s.start()
+    first = asyncio.create_task(s.submit(["a"], [1]))
+    await asyncio.to_thread(runner.started.wait, 5)
+    queued = asyncio.create_task(s.submit(["b"], [1]))
+    await asyncio.sleep(0.05)
+    assert s.waiting() == 1
+    stopper = asyncio.create_task(asyncio.to_thread(s.stop))
+    await asyncio.sleep(0.05)
+    runner.release.set()
+    await stopper
+    assert await first == ["done:a"]  # the running batch finishes
+    with pytest.raises(EngineStopped):
+        await queued
+    with pytest.raises(EngineStopped):
+        await s.submit(["c"], [1])
+    assert not s.running
