@@ -16,8 +16,9 @@ import numpy as np
 
 from openai_compat.encoding import as_matrix
 from openai_compat.engine import adapter
+from openai_compat.engine.scheduler import EngineStopped
 from openai_compat.engine.usage import TokenIds
-from openai_compat.errors import BadRequest, InputTooLong
+from openai_compat.errors import BadRequest, InputTooLong, ServiceUnavailable
 from openai_compat.media import IMAGE_META, MediaError, MediaFetcher, Modality
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
@@ -32,8 +33,23 @@ _CHARS_PER_ID = 4
 
 @contextmanager
 def engine_errors() -> Iterator[None]:
-    """infinity-emb's exceptions for bad input -> 400s; anything else stays a 500. (The
-    native engine refuses bad input before it is queued; infinity-emb is optional.)"""
+    """An engine's refusals as API errors: infinity-emb's exceptions for bad input -> 400s;
+    a native engine stopped under a request (its model unloaded, the server stopping) -> 503;
+    anything else stays a 500. (The native engine refuses bad input before it is queued.)"""
+    try:
+        yield
+    except EngineStopped as exc:
+        raise ServiceUnavailable(str(exc), headers={"Retry-After": "1"}) from exc
+    except Exception as exc:
+        refusal = _infinity_refusal(exc)
+        if refusal is None:
+            raise
+        raise refusal from exc
+
+
+def _infinity_refusal(exc: Exception) -> BadRequest | None:
+    """The 400 for one of infinity-emb's bad-input exceptions; None for anything else (and
+    wherever infinity-emb, an optional engine, is not installed)."""
     try:
         from infinity_emb.primitives import (
             AudioCorruption,
@@ -42,16 +58,14 @@ def engine_errors() -> Iterator[None]:
             ModelNotDeployedError,
         )
     except ImportError:
-        yield
-        return
-    try:
-        yield
-    except ModelNotDeployedError as exc:
-        raise BadRequest(str(exc), param="model", code="model_not_supported") from exc
-    except MatryoshkaDimError as exc:
-        raise BadRequest(str(exc), param="dimensions") from exc
-    except (ImageCorruption, AudioCorruption) as exc:
-        raise BadRequest(str(exc), param="input", code="invalid_media") from exc
+        return None
+    if isinstance(exc, ModelNotDeployedError):
+        return BadRequest(str(exc), param="model", code="model_not_supported")
+    if isinstance(exc, MatryoshkaDimError):
+        return BadRequest(str(exc), param="dimensions")
+    if isinstance(exc, ImageCorruption | AudioCorruption):
+        return BadRequest(str(exc), param="input", code="invalid_media")
+    return None
 
 
 def check_count(n: int, limit: int, param: str, what: str = "inputs") -> None:

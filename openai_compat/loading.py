@@ -227,6 +227,8 @@ async def describe(
         caps = caps | {"rerank"}
         if not multivector:
             quantizer = await calibrate(engine, config, cache_dir)
+    elif adapter.is_native(engine):
+        engine_counts = True  # rerankers and classifiers count the inputs they tokenize
     return ModelEntry(
         config=config,
         engine=engine,

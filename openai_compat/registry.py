@@ -48,7 +48,7 @@ class ModelEntry:
     logits: Any | None = None  # raw classification logits: LogitsRunner, NativeEngine
     late: Any | None = None  # engine.late.LateRunner, made on the first late-chunking request
     multivector: bool = False  # one vector per token (ColBERT-style), not one per input
-    engine_counts: bool = False  # the engine reports each embedding's tokens (no 2nd pass)
+    engine_counts: bool = False  # the engine reports each input's tokens (no 2nd pass)
     raw_output: bool = False  # vectors keep their pre-normalisation norm (TEI normalize=false)
     exact_token_ids: bool = False  # token_ids = "model": ids reach the model as given
     sparse: bool = False  # SPLADE: sparse vectors (sparse.SparseVector), dimensions = vocabulary

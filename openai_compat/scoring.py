@@ -119,9 +119,12 @@ async def rerank_texts(
             pairs = await _cut_documents(entry, query, docs)
             if not truncate_for(entry, settings):
                 await _refuse_long_pairs(entry, query, docs, pairs, docs_param)
-            tokens, (results, _) = await asyncio.gather(
-                counter.pair_usage(query, pairs), entry.engine.rerank(query=query, docs=pairs)
-            )
+            if entry.engine_counts:  # the engine counts the pairs it tokenizes: no 2nd pass
+                results, tokens = await entry.engine.rerank(query=query, docs=pairs)
+            else:
+                tokens, (results, _) = await asyncio.gather(
+                    counter.pair_usage(query, pairs), entry.engine.rerank(query=query, docs=pairs)
+                )
     ranked = [RankedDocument(r.index, float(r.relevance_score)) for r in results]
     finite_scores(entry, [r.score for r in ranked])
     ranked.sort(key=lambda r: (-r.score, r.index))
@@ -271,7 +274,11 @@ async def classify_texts(
         else:
             raw, engine_usage = await entry.engine.classify(sentences=prepared)
     if tokens is None:
-        tokens = await counter.usage(texts, truncate=True) if counter else int(engine_usage)
+        counted = entry.engine_counts and not raw_scores  # the engine's own count of them
+        if counter is None or counted:
+            tokens = int(engine_usage)
+        else:
+            tokens = await counter.usage(texts, truncate=True)
     labels = [
         sorted(((str(d["label"]), float(d["score"])) for d in item), key=lambda p: -p[1])
         for item in raw

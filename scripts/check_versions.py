@@ -35,7 +35,8 @@ def main() -> int:
         except PackageNotFoundError:
             found = "missing"
         ok = found != "missing" and release(found) >= floor
-        print(f"{name:24s} {found:16s} floor {'.'.join(map(str, floor))}  {'ok' if ok else 'BROKEN'}")
+        least = ".".join(map(str, floor))
+        print(f"{name:24s} {found:16s} floor {least}  {'ok' if ok else 'BROKEN'}")
         if not ok:
             broken.append(name)
     try:

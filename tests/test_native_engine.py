@@ -281,13 +281,16 @@ def test_a_server_on_the_native_engine_answers_every_kind(
     assert np.max(np.abs(np.frombuffer(base64.b64decode(b64), "<f4") - reference[0])) < 1e-5
 
     docs = TEXTS[1:8]
-    ranked = httpx.post(
+    answer = httpx.post(
         server.url + "/v1/rerank",
         json={"model": "reranker", "query": TEXTS[0], "documents": docs},
-    ).json()["results"]
-    expected = CrossEncoder(str(models["reranker"]), device="cpu").predict(
-        [(TEXTS[0], d) for d in docs]
-    )
+    ).json()
+    ranked = answer["results"]
+    cross = CrossEncoder(str(models["reranker"]), device="cpu")
+    expected = cross.predict([(TEXTS[0], d) for d in docs])
+    # usage is the engine's own count of the pairs it tokenized (no second tokenizer pass)
+    pairs = cross.tokenizer([TEXTS[0]] * len(docs), docs)["input_ids"]
+    assert answer["usage"]["prompt_tokens"] == sum(len(p) for p in pairs)
     assert [r["index"] for r in ranked] == list(np.argsort(-expected, kind="stable"))
     for r in ranked:
         assert r["relevance_score"] == pytest.approx(float(expected[r["index"]]), abs=1e-5)
@@ -300,5 +303,8 @@ def test_a_server_on_the_native_engine_answers_every_kind(
         TEXTS[2], apply_softmax=True
     )
     scores = {d["label"]: d["score"] for d in classified.json()["data"][0]}
+    assert classified.json()["usage"]["prompt_tokens"] == len(
+        cross.tokenizer(TEXTS[2])["input_ids"]
+    )
     for i, p in enumerate(probs):
         assert scores[f"class-{i}"] == pytest.approx(float(p), abs=1e-5)

@@ -5,9 +5,10 @@ for the model, so timing is controlled by events, never by this machine's speed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -67,16 +68,35 @@ def test_a_batch_fills_up_to_the_budget_with_neighbouring_lengths() -> None:
     assert [s.cost for s in form_batch(slots([50, 60]), 32, 10)] == [50]  # over budget alone
 
 
-async def test_a_departed_callers_inputs_never_reach_the_model() -> None:
+@contextlib.asynccontextmanager
+async def held(batch_size: int, first: str = "a") -> AsyncIterator[tuple[Recorder, Scheduler, Any]]:
+    """A started scheduler whose forward thread holds its first batch (`first`) until
+    runner.release is set; stopped on the way out."""
     runner = Recorder(hold_first=True)
-    s = Scheduler(runner, name="t", batch_size=8, max_batch_tokens=10_000)
+    s = Scheduler(runner, name="t", batch_size=batch_size, max_batch_tokens=10_000)
     s.start()
     try:
-        first = asyncio.create_task(s.submit(["a"], [1]))
-        await asyncio.to_thread(runner.started.wait, 5)  # the forward thread holds batch 1
+        task = asyncio.create_task(s.submit([first], [1]))
+        await asyncio.to_thread(runner.started.wait, 5)
+        yield runner, s, task
+    finally:
+        s.stop()
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Let the event loop run until `condition` holds (queued work, a stop), at most 5 s."""
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the scheduler never got there")
+
+
+async def test_a_departed_callers_inputs_never_reach_the_model() -> None:
+    async with held(8) as (runner, s, first):
         gone = asyncio.create_task(s.submit(["x", "y", "z"], [1, 1, 1]))
         stays = asyncio.create_task(s.submit(["b"], [1]))
-        await asyncio.sleep(0.05)
+        await until(lambda: s.waiting() == 4)
         gone.cancel()
         runner.release.set()
         assert await first == ["done:a"]
@@ -86,70 +106,59 @@ async def test_a_departed_callers_inputs_never_reach_the_model() -> None:
         assert runner.batches == [["a"], ["b"]]
         assert s.stats.dropped_inputs == 3
         assert runner.thread_name == "forward-t"
-    finally:
-        s.stop()
 
 
 async def test_live_inputs_go_before_background_ones_which_trickle_beside_them() -> None:
-    runner = Recorder(hold_first=True)
-    s = Scheduler(runner, name="t", batch_size=16, max_batch_tokens=10_000)
-    s.start()
-    try:
-        first = asyncio.create_task(s.submit(["busy"], [1]))
-        await asyncio.to_thread(runner.started.wait, 5)
-
+    async with held(16, first="busy") as (runner, s, first):
         lines = asyncio.create_task(
             s.submit([f"bg{i}" for i in range(16)], [1] * 16, background=True)
         )
-        await asyncio.sleep(0.05)
+        await until(lambda: s.waiting() == 16)
         live = asyncio.create_task(s.submit(["live"], [1]))
-        await asyncio.sleep(0.05)
+        await until(lambda: s.waiting() == 17)
         runner.release.set()
         await asyncio.gather(first, lines, live)
         order = runner.batches
         assert order[1] == ["live"]  # queued after the background line, served before it
         # live traffic was just seen: the background line goes in batches of 16 // 8
         assert [len(b) for b in order[2:]] == [2] * 8
-    finally:
-        s.stop()
 
 
 async def test_a_failing_batch_fails_only_its_own_callers() -> None:
-    runner = Recorder(hold_first=True)
-    s = Scheduler(runner, name="t", batch_size=1, max_batch_tokens=10_000)
-    s.start()
-    try:
-        first = asyncio.create_task(s.submit(["a"], [1]))
-        await asyncio.to_thread(runner.started.wait, 5)
+    async with held(1) as (runner, s, first):
         bad = asyncio.create_task(s.submit(["poison"], [1]))
         good = asyncio.create_task(s.submit(["c"], [1]))
-        await asyncio.sleep(0.05)
+        await until(lambda: s.waiting() == 2)
         runner.release.set()
         with pytest.raises(ValueError, match="poisoned"):
             await bad
         assert await first == ["done:a"]
         assert await good == ["done:c"]
         assert s.running  # the thread goes on
-    finally:
-        s.stop()
 
 
 async def test_stopping_fails_what_is_queued_and_refuses_new_work() -> None:
-    runner = Recorder(hold_first=True)
-    s = Scheduler(runner, name="t", batch_size=1, max_batch_tokens=10_000)
-    s.start()
-    first = asyncio.create_task(s.submit(["a"], [1]))
-    await asyncio.to_thread(runner.started.wait, 5)
-    queued = asyncio.create_task(s.submit(["b"], [1]))
-    await asyncio.sleep(0.05)
-    assert s.waiting() == 1
-    stopper = asyncio.create_task(asyncio.to_thread(s.stop))
-    await asyncio.sleep(0.05)
-    runner.release.set()
-    await stopper
-    assert await first == ["done:a"]  # the running batch finishes
-    with pytest.raises(EngineStopped):
-        await queued
-    with pytest.raises(EngineStopped):
-        await s.submit(["c"], [1])
-    assert not s.running
+    async with held(1) as (runner, s, first):
+        queued = asyncio.create_task(s.submit(["b"], [1]))
+        await until(lambda: s.waiting() == 1)
+        assert s.waiting() == 1
+        stopper = asyncio.create_task(asyncio.to_thread(s.stop))
+        await until(lambda: not s.running)  # stopping: the queue is failed, none taken
+        runner.release.set()
+        await stopper
+        assert await first == ["done:a"]  # the running batch finishes
+        with pytest.raises(EngineStopped):
+            await queued
+        with pytest.raises(EngineStopped):
+            await s.submit(["c"], [1])
+        assert not s.running
+
+
+def test_a_request_that_meets_a_stopped_engine_gets_a_503_to_retry() -> None:
+    from openai_compat.errors import ServiceUnavailable
+    from openai_compat.inference import engine_errors
+
+    with pytest.raises(ServiceUnavailable) as caught, engine_errors():
+        raise EngineStopped("model 't' was stopped")
+    assert caught.value.status == 503
+    assert caught.value.headers == {"Retry-After": "1"}

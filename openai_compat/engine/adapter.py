@@ -41,11 +41,24 @@ class EngineContractError(RuntimeError):
     """infinity-emb no longer has an internal this server relies on."""
 
 
-def is_native(obj: Any) -> Any | None:
-    """The NativeEngine `obj` is (a native engine is its own replica), else None."""
+def is_native(obj: Any) -> bool:
+    """Whether `obj` is a NativeEngine (a native engine is its own replica)."""
     from openai_compat.engine.native import NativeEngine
 
-    return obj if isinstance(obj, NativeEngine) else None
+    return isinstance(obj, NativeEngine)
+
+
+def sentence_transformer(replica: Any) -> Any:
+    """An embedder's SentenceTransformer: the native engine's model, or infinity-emb's
+    replica itself (a subclass of it)."""
+    return replica.model if is_native(replica) else replica
+
+
+def multivector(replica: Any) -> bool:
+    """One vector per token (ColBERT-style), on either engine."""
+    if is_native(replica):
+        return bool(replica.runner.multivector)
+    return bool(getattr(replica, "mode_colbert", False))
 
 
 def attr(obj: Any, name: str, where: str) -> Any:
@@ -70,7 +83,7 @@ def bettertransformer_available() -> bool:
 
 def replica_of(engine: Any) -> Any:
     """The engine's (first) model replica: the object that holds weights and tokenizer."""
-    if is_native(engine) is not None:
+    if is_native(engine):
         return engine
     replicas = attr(engine, "_model_replicas", "AsyncEmbeddingEngine")
     if not replicas:
@@ -80,7 +93,7 @@ def replica_of(engine: Any) -> Any:
 
 def queue_length(engine: Any) -> int:
     """Items waiting in the engine's batching queue (0 before the batcher exists)."""
-    if is_native(engine) is not None:
+    if is_native(engine):
         return int(engine.queue_length())
     handler = getattr(engine, "_batch_handler", None)
     if handler is None:
@@ -90,7 +103,7 @@ def queue_length(engine: Any) -> int:
 
 def batcher_alive(engine: Any) -> bool:
     """False once the engine stopped or its result-pushing task died."""
-    if is_native(engine) is not None:
+    if is_native(engine):
         return bool(engine.is_running)
     if not engine.is_running:
         return False
@@ -100,7 +113,7 @@ def batcher_alive(engine: Any) -> bool:
 
 
 def kind_of(replica: Any) -> Kind:
-    if is_native(replica) is not None:
+    if is_native(replica):
         return replica.kind
     return _KINDS.get(type(replica).__name__, "other")
 
@@ -110,7 +123,7 @@ def kind_of(replica: Any) -> Kind:
 
 def hf_tokenizer(replica: Any) -> Any | None:
     """The transformers tokenizer the model applies its limit with."""
-    if is_native(replica) is not None:
+    if is_native(replica):
         return replica.runner.tokenizer
     kind = kind_of(replica)
     if kind == "embedder":
@@ -140,17 +153,15 @@ def folder_prompts(replica: Any) -> tuple[dict[str, str], str | None]:
     (config_sentence_transformers.json) and its default prompt name; none for other kinds."""
     if kind_of(replica) != "embedder":
         return {}, None
-    if is_native(replica) is not None:
-        replica = replica.model  # the SentenceTransformer itself
+    replica = sentence_transformer(replica)
     prompts = attr(replica, "prompts", "SentenceTransformer") or {}
     default = attr(replica, "default_prompt_name", "SentenceTransformer")
     return {str(k): str(v) for k, v in prompts.items()}, default
 
 
 def _torch_model(replica: Any) -> Any | None:
-    if is_native(replica) is not None:  # the transformers model inside the library's object
-        model = replica.model
-        return getattr(model, "transformers_model", None) or getattr(model, "model", None)
+    if is_native(replica):  # the transformers model inside the library's object
+        return replica.model.transformers_model
     kind = kind_of(replica)
     if kind == "embedder":
         first = replica[0] if len(replica) else None
@@ -162,7 +173,7 @@ def _torch_model(replica: Any) -> Any | None:
 
 def torch_modules(engine: Any) -> list[Any]:
     """The engine's replicas and the torch models inside them (memory.tensor_bytes)."""
-    if is_native(engine) is not None:
+    if is_native(engine):
         return list(engine.torch_modules())
     replicas = attr(engine, "_model_replicas", "AsyncEmbeddingEngine")
     return [m for r in replicas for m in (r, _torch_model(r)) if m is not None]
@@ -210,7 +221,7 @@ def labels_of(engine: Any) -> dict[str, str]:
 
 def applied_max_length(replica: Any) -> int | None:
     """The token limit the engine really truncates each input to."""
-    if is_native(replica) is not None:
+    if is_native(replica):
         value = replica.model.max_seq_length
         return value if isinstance(value, int) and 0 < value < _NO_LIMIT else None
     kind = kind_of(replica)
@@ -235,7 +246,7 @@ def apply_max_length(replica: Any, max_length: int | None) -> int | None:
     ceiling = position_limit(replica)
     if max_length is not None and ceiling is not None and max_length > ceiling:
         raise ValueError(f"max_length {max_length} is more than this model takes ({ceiling})")
-    if is_native(replica) is not None:  # sentence-transformers' own setting, every kind
+    if is_native(replica):  # sentence-transformers' own setting, every kind
         limit = max_length or default_limit(replica)
         if limit is not None:
             replica.model.max_seq_length = limit
@@ -265,12 +276,12 @@ def apply_max_length(replica: Any, max_length: int | None) -> int | None:
 def use_transformer_module(replica: Any, module: Any) -> None:
     """Run an embedder's transformer through another backend's module (ONNX Runtime): the
     engine keeps batching, tokenising, pooling and normalising as before."""
-    if is_native(replica) is not None:
+    if is_native(replica):
         raise ValueError(
             "engine = 'native' runs the model on torch; exported backends are "
             "served on engine = 'onnx' / 'openvino'"
         )
-    if kind_of(replica) != "embedder" or getattr(replica, "mode_colbert", False):
+    if kind_of(replica) != "embedder" or multivector(replica):
         raise ValueError(
             f"a {type(replica).__name__} model cannot run on this backend; only "
             "sentence-transformers embedding models can"
@@ -301,7 +312,7 @@ def sampling_rate(replica: Any) -> int | None:
 
 def contract_problems(engine: Any) -> list[str]:
     """Every internal this module reads, checked on a started engine; [] when all are there."""
-    if is_native(engine) is not None:
+    if is_native(engine):
         return []
     problems = []
     for check in (

@@ -63,6 +63,7 @@ TRICKLE_FRACTION = 8  # ... or batch_size / 8 inputs until the engine's speed is
 
 logger = logging.getLogger("openai_compat")
 
+
 @dataclass(eq=False)
 class _Call:
     texts: list[str]

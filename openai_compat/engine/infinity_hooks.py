@@ -1,7 +1,7 @@
 """What this server installs into infinity-emb's replicas (the optional engine): token counts
 and pre-normalisation norms carried with each embedding, and raw classification logits beside
-its batcher. The native engine (native.py) does both itself; engine/adapter.py re-exports
-these and routes each call to the engine it is given.
+its batcher. loading.py installs them; for a native engine (native.py), which does both
+itself, each answers from it instead.
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from openai_compat.engine.adapter import attr, is_native, kind_of
-from openai_compat.engine.usage import TokenCountedArray, TokenIds, features_from_ids
+from openai_compat.engine.adapter import attr, is_native, kind_of, multivector
+from openai_compat.engine.usage import TokenCountedArray, TokenIds, features_from_ids, unit_rows
 
 # ---------------------------------------------------------------- classification logits
 
@@ -34,7 +32,7 @@ class LogitsRunner:
 
     @classmethod
     def for_replica(cls, replica: Any, name: str) -> Any | None:
-        if is_native(replica) is not None:  # the native engine batches logits itself
+        if is_native(replica):  # the native engine batches logits itself
             return replica if kind_of(replica) == "classifier" else None
         if kind_of(replica) != "classifier":
             return None
@@ -83,9 +81,9 @@ def count_tokens_in_engine(replica: Any) -> bool:
     thread, keeping each row's norm, so that TEI's `normalize=false` can have the model's own
     output back (see raw_vectors).
     """
-    if is_native(replica) is not None:  # counts and norms are the native engine's own
+    if is_native(replica):  # counts and norms are the native engine's own
         return kind_of(replica) == "embedder" and not replica.runner.multivector
-    if kind_of(replica) != "embedder" or getattr(replica, "mode_colbert", False):
+    if kind_of(replica) != "embedder" or multivector(replica):
         return False
     pre, core, post = replica.encode_pre, replica.encode_core, replica.encode_post
     normalize_here = getattr(replica, "normalize_embeddings", None) is True
@@ -109,19 +107,13 @@ def count_tokens_in_engine(replica: Any) -> bool:
         results = post(out)
         norms: Any = None
         if normalize_here:
-            matrix = np.asarray(results, dtype=np.float32)
-            norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-            results = matrix / np.maximum(norms, 1e-12)  # what the engine would have done
+            results, norms = unit_rows(results)  # what the engine would have done
         if counts is None or len(counts) != len(results):
             return results
-        counted = []
-        for i, (row, n) in enumerate(zip(results, counts, strict=True)):
-            array = np.asarray(row).view(TokenCountedArray)
-            array.tokens = int(n)
-            if norms is not None:
-                array.norm = float(norms[i, 0])
-            counted.append(array)
-        return counted
+        return [
+            TokenCountedArray.of(row, n, None if norms is None else float(norms[i]))
+            for i, (row, n) in enumerate(zip(results, counts, strict=True))
+        ]
 
     replica.encode_pre, replica.encode_core = encode_pre, encode_core
     replica.encode_post = encode_post
@@ -131,6 +123,6 @@ def count_tokens_in_engine(replica: Any) -> bool:
 
 def accepts_token_ids(replica: Any) -> bool:
     """Whether the engine embeds TokenIds inputs exactly (count_tokens_in_engine installed)."""
-    if is_native(replica) is not None:
+    if is_native(replica):
         return kind_of(replica) == "embedder"
     return getattr(replica, "openai_compat_token_ids", False) is True

@@ -13,24 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat.engine.adapter import is_native, kind_of
-
-
-def _model(replica: Any) -> Any:
-    """The SentenceTransformer: a native engine's model, or infinity-emb's replica (a subclass)."""
-    return replica.model if is_native(replica) is not None else replica
+from openai_compat.engine.adapter import kind_of, multivector, sentence_transformer
 
 
 def pooling_mode(replica: Any) -> str | None:
     """The replica's pooling ("mean", "cls", "lasttoken"...), None if it has no Pooling."""
-    colbert = getattr(replica, "mode_colbert", False) or getattr(
-        getattr(replica, "runner", None), "multivector", False
-    )
-    if kind_of(replica) != "embedder" or colbert:
+    if kind_of(replica) != "embedder" or multivector(replica):
         return None
     from sentence_transformers.models import Pooling
 
-    for module in _model(replica):
+    for module in sentence_transformer(replica):
         if isinstance(module, Pooling):
             return str(module.get_pooling_mode_str())
     return None
@@ -40,7 +32,7 @@ def _forward(replica: Any, text: str) -> tuple[np.ndarray, np.ndarray]:
     import torch
     from sentence_transformers.util import batch_to_device
 
-    model = _model(replica)
+    model = sentence_transformer(replica)
     # sentence-transformers 6 prepares inputs with `preprocess` (`tokenize` before it)
     prepare = getattr(model, "preprocess", None) or model.tokenize
     with torch.inference_mode():

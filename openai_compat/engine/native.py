@@ -18,26 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from openai_compat.engine import folders
 from openai_compat.engine.priority import in_background
-from openai_compat.engine.scheduler import Scheduler
+from openai_compat.engine.scheduler import EngineStopped, Scheduler
 from openai_compat.engine.text import TextKind, TextRunner
 
-# TEI's default budget for one batch, in padded tokens (max_len x n).
-DEFAULT_MAX_BATCH_TOKENS = 16384
 _CAPABILITIES: dict[TextKind, set[str]] = {
     "embedder": {"embed"},
     "crossencoder": {"rerank"},
     "classifier": {"classify"},
 }
-_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass
@@ -58,12 +55,14 @@ class NativeEngine:
         *,
         name: str,
         batch_size: int,
-        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_tokens: int,
     ) -> None:
         self.runner, self.name = runner, name
         self.kind: TextKind = runner.kind
         self.model = runner.model  # the library's own object (public attributes only)
         self.capabilities = set(_CAPABILITIES[self.kind])
+        labels = getattr(getattr(self.model, "config", None), "id2label", None) or {}
+        self._labels = {int(k): str(v) for k, v in labels.items()}  # read once, at load
         self.scheduler = Scheduler(
             runner, name=name, batch_size=batch_size, max_batch_tokens=max_batch_tokens
         )
@@ -96,7 +95,7 @@ class NativeEngine:
         """The runner's results for `inputs`, and the tokens they took (after truncation,
         special tokens included)."""
         if not self.is_running:
-            raise RuntimeError(f"model {self.name!r}: the engine is not running")
+            raise EngineStopped(f"model {self.name!r}: the engine is not running")
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(self._prepare, self.runner.prepare, list(inputs))
         costs = [r.length for r in rows]
@@ -114,7 +113,7 @@ class NativeEngine:
         """Each (query, doc) pair's score: the model's activation (sigmoid for one label)
         of its logit, as CrossEncoder.predict gives it; the raw logit if asked."""
         self._check("rerank")
-        rows, tokens = await self._scores([(query, d) for d in docs])
+        rows, tokens = await self._run([(query, d) for d in docs])
         logits = np.stack(rows)[:, 0] if rows else np.zeros(0, dtype=np.float32)
         scores = logits if raw_scores else self._activation(logits)
         results = [
@@ -127,19 +126,14 @@ class NativeEngine:
     ) -> tuple[list[list[dict[str, Any]]], int]:
         """Every label's probability (softmax of the logits) per input, or the logits."""
         self._check("classify")
-        rows, tokens = await self._scores(list(sentences))
+        rows, tokens = await self._run(sentences)
         return [self._labelled(r, softmax=not raw_scores) for r in rows], tokens
 
     async def logits(self, inputs: Sequence[Any]) -> list[list[dict[str, Any]]]:
         """Raw logits per input: a text, or a {'text', 'text_pair'} dict (a pair)."""
         pairs = [(x["text"], x["text_pair"]) if isinstance(x, dict) else x for x in inputs]
-        rows, _ = await self._scores(pairs)
+        rows, _ = await self._run(pairs)
         return [self._labelled(r, softmax=False) for r in rows]
-
-    async def _scores(self, inputs: list[Any]) -> tuple[list[np.ndarray], int]:
-        if not inputs:
-            return [], 0
-        return await self._run(inputs)
 
     def _check(self, capability: str) -> None:
         if capability not in self.capabilities:
@@ -159,18 +153,12 @@ class NativeEngine:
         if softmax:
             values = np.exp(values - values.max())
             values = values / values.sum()
-        labels = self.id2label()
         return [
-            {"label": labels.get(str(i), f"LABEL_{i}"), "score": float(v)}
+            {"label": self._labels.get(i, f"LABEL_{i}"), "score": float(v)}
             for i, v in enumerate(values)
         ]
 
     # ------------------------------------------------------------ what the server asks
-
-    def id2label(self) -> dict[str, str]:
-        config = getattr(self.model, "config", None)
-        labels = getattr(config, "id2label", None) or {}
-        return {str(k): str(v) for k, v in labels.items()}
 
     def torch_modules(self) -> list[Any]:
         return [self.model]
@@ -180,10 +168,9 @@ class NativeEngine:
 
 
 def _architectures(source: str, revision: str | None, trust_remote_code: bool) -> list[str]:
-    folder = Path(source)
-    if (folder / "config.json").is_file():
-        config = json.loads((folder / "config.json").read_text())
-        return [str(a) for a in config.get("architectures") or []]
+    local = folders.architectures(source)
+    if local is not None:
+        return local
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(
@@ -201,7 +188,7 @@ def load(config: Any, threads: int) -> NativeEngine:
         device=device, revision=config.revision, trust_remote_code=config.trust_remote_code
     )
     if config.dtype in _DTYPES:
-        options["model_kwargs"] = {"dtype": _DTYPES[config.dtype]}
+        options["model_kwargs"] = {"dtype": config.dtype}
     elif config.dtype != "auto":
         raise ValueError(f"dtype {config.dtype!r} is not served by the native engine")
     kind: TextKind

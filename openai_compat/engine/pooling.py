@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from openai_compat.engine.adapter import is_native, kind_of
+from openai_compat.engine.adapter import kind_of, multivector, sentence_transformer
 
 # pooling_method -> the sentence-transformers Pooling flag that selects it
 METHODS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
@@ -32,18 +32,14 @@ def apply_pooling(replica: Any, method: str, *, sparse: bool = False) -> None:
         raise ValueError("pooling_method does not apply to a sparse model (SPLADE max-pools)")
     if method not in METHODS:
         raise ValueError(f"pooling_method {method!r} is not one of auto, {', '.join(METHODS)}")
-    colbert = getattr(replica, "mode_colbert", False) or getattr(
-        getattr(replica, "runner", None), "multivector", False
-    )
-    if kind_of(replica) != "embedder" or colbert:
+    if kind_of(replica) != "embedder" or multivector(replica):
         raise ValueError(
             f"pooling_method applies to embedding models; a {type(replica).__name__} model "
             "has no pooling to change (leave it 'auto')"
         )
     from sentence_transformers.models import Pooling
 
-    model = replica.model if is_native(replica) is not None else replica
-    poolers = [m for m in model if isinstance(m, Pooling)]
+    poolers = [m for m in sentence_transformer(replica) if isinstance(m, Pooling)]
     if len(poolers) != 1:
         raise ValueError(
             f"pooling_method needs exactly one Pooling module in the model, found {len(poolers)}"

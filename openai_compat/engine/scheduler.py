@@ -174,15 +174,19 @@ class Scheduler:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Fail what is queued, let the running batch finish, end the thread."""
+        self._close(EngineStopped(f"model {self.name!r} was stopped"))
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def _close(self, exc: BaseException) -> None:
+        """Stop taking work; every caller still queued fails with `exc`."""
         with self._cond:
             self._stopping = True
             pending = list(self._live) + list(self._background)
             self._live.clear()
             self._background.clear()
             self._cond.notify_all()
-        _fail({s.call for s in pending}, EngineStopped(f"model {self.name!r} was stopped"))
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+        _fail({s.call for s in pending}, exc)
 
     # ------------------------------------------------------------ the forward thread
 
@@ -219,12 +223,7 @@ class Scheduler:
             self.runner.on_thread()
         except BaseException as exc:  # the model cannot run: fail everyone, stop
             logger.exception("model %r: the forward thread could not start", self.name)
-            with self._cond:
-                self._stopping = True
-                pending = list(self._live) + list(self._background)
-                self._live.clear()
-                self._background.clear()
-            _fail({s.call for s in pending}, exc)
+            self._close(exc)
             return
         while True:
             with self._cond:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from openai_compat.engine.adapter import attr, kind_of
+from openai_compat.engine import folders
+from openai_compat.engine.adapter import attr, kind_of, multivector
 
 # Logits one forward chunk may hold (rows x tokens x vocabulary): 64 M floats = 256 MB.
 _SPARSE_LOGITS_BUDGET = 64 * 1024 * 1024
@@ -18,17 +19,7 @@ _SPARSE_LOGITS_BUDGET = 64 * 1024 * 1024
 
 def is_masked_lm(source: str) -> bool:
     """A local model folder whose config names a masked-LM architecture (SPLADE's form)."""
-    import json
-    from pathlib import Path
-
-    config = Path(source) / "config.json"
-    if not config.is_file():
-        return False
-    try:
-        architectures = json.loads(config.read_text()).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        return False
-    return any(str(a).endswith("ForMaskedLM") for a in architectures)
+    return any(a.endswith("ForMaskedLM") for a in folders.architectures(source) or [])
 
 
 def serve_sparse(replica: Any, source: str, trust_remote_code: bool = False) -> None:
@@ -46,7 +37,7 @@ def serve_sparse(replica: Any, source: str, trust_remote_code: bool = False) -> 
 
     from openai_compat.sparse import SparseVector
 
-    if kind_of(replica) != "embedder" or getattr(replica, "mode_colbert", False):
+    if kind_of(replica) != "embedder" or multivector(replica):
         raise ValueError(f"a {type(replica).__name__} model cannot serve sparse vectors")
     first = attr(replica, "_first_module", "SentenceTransformer")()
     dense = attr(first, "auto_model", "sentence_transformers Transformer")

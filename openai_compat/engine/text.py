@@ -16,9 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
-
-from openai_compat.engine.usage import TokenCountedArray, TokenIds
+from openai_compat.engine.usage import TokenCountedArray, TokenIds, unit_rows
 
 TextKind = Literal["embedder", "crossencoder", "classifier"]
 # Keys of preprocess's output that are per-token rows; anything else is per batch (modality).
@@ -87,7 +85,9 @@ class TextRunner:
         self.left = getattr(tokenizer, "padding_side", "right") == "left"
         self.pad_id = int(tokenizer.pad_token_id or 0)
         self.input_names = list(getattr(tokenizer, "model_input_names", ["input_ids"]))
-        self._shared: dict[str, Any] = {}
+        # What preprocess gives per batch rather than per row (its modality): read once, here.
+        probe = ("probe", "probe") if kind != "embedder" else "probe"
+        self._shared = split_rows(model.preprocess([probe]), self.left)[1]
 
     # ------------------------------------------------------------ any thread (preparation)
 
@@ -98,8 +98,7 @@ class TextRunner:
         texts = [i for i, x in enumerate(inputs) if not isinstance(x, TokenIds)]
         if texts:
             features = self.model.preprocess([inputs[i] for i in texts])
-            made, shared = split_rows(features, self.left)
-            self._shared = shared
+            made, _ = split_rows(features, self.left)
             for i, row in zip(texts, made, strict=True):
                 rows[i] = row
         for i, x in enumerate(inputs):
@@ -128,8 +127,7 @@ class TextRunner:
     def run(self, rows: Sequence[Row]) -> list[Any]:
         import torch
 
-        shared = self._shared or {"modality": "text"}
-        features = collate(rows, shared, self.pad_id, self.left)
+        features = collate(rows, self._shared, self.pad_id, self.left)
         with torch.inference_mode():
             out = self.model(features)
             if self.kind == "embedder":
@@ -141,13 +139,13 @@ class TextRunner:
             tokens = out["token_embeddings"].float()
             mask = out["attention_mask"].bool()
             return [
-                _counted(t[m].cpu().numpy(), r.length, None)
+                TokenCountedArray.of(t[m].cpu().numpy(), r.length)
                 for t, m, r in zip(tokens, mask, rows, strict=True)
             ]
-        matrix = out["sentence_embedding"].float().cpu().numpy()
-        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-        unit = matrix / np.maximum(norms, 1e-12)
-        return [_counted(unit[i], r.length, float(norms[i, 0])) for i, r in enumerate(rows)]
+        unit, norms = unit_rows(out["sentence_embedding"].float().cpu().numpy())
+        return [
+            TokenCountedArray.of(unit[i], r.length, float(norms[i])) for i, r in enumerate(rows)
+        ]
 
     def _scores(self, out: dict[str, Any]) -> list[Any]:
         """Raw scores (logits) per input: the tails of rerank and classify apply to them."""
@@ -155,10 +153,3 @@ class TextRunner:
         if matrix.ndim == 1:
             matrix = matrix[:, None]
         return list(matrix)
-
-
-def _counted(vector: np.ndarray, tokens: int, norm: float | None) -> TokenCountedArray:
-    array = np.ascontiguousarray(vector, dtype=np.float32).view(TokenCountedArray)
-    array.tokens = tokens
-    array.norm = norm
-    return array

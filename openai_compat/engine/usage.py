@@ -31,6 +31,19 @@ class TokenCountedArray(np.ndarray):
     tokens: int = 0
     norm: float | None = None
 
+    @classmethod
+    def of(cls, vector: Any, tokens: int, norm: float | None = None) -> TokenCountedArray:
+        array = np.asarray(vector).view(cls)
+        array.tokens, array.norm = int(tokens), norm
+        return array
+
+
+def unit_rows(matrix: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Rows L2-normalised (as sentence-transformers' normalize does) and their norms before."""
+    matrix = np.asarray(matrix, dtype=np.float32)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return matrix / np.maximum(norms, 1e-12), norms[:, 0]
+
 
 def raw_vectors(vectors: Sequence[Any]) -> list[np.ndarray] | None:
     """The model's own output before the engine's L2 normalisation; None where the norms were
