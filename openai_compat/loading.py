@@ -115,7 +115,7 @@ def _create_native(config: ModelConfig) -> native.NativeEngine:
     try:
         engine = native.load(config, cpus.engine_threads())
         adapter.apply_max_length(engine, config.max_length)
-        pooling.apply_pooling(engine, config.pooling_method)
+        pooling.apply_pooling(engine, config.pooling_method, sparse=engine.kind == "sparse")
     except (ValueError, TypeError, KeyError) as exc:
         raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
     return engine
@@ -208,7 +208,7 @@ async def describe(
     engine_counts = False
     raw_output = False
     quantizer = None
-    sparse_size = splade.sparse_size(replica)
+    sparse_size = _sparse_size(replica)
     if sparse_size is not None:
         # A SPLADE model (create_engine): sparse vectors, and rerank by their dot product.
         caps = (caps - {"embed"}) | {"sparse", "rerank"}
@@ -259,6 +259,14 @@ async def describe(
         and ("embed" in native or sparse_size is not None)
         else None,
     )
+
+
+def _sparse_size(replica: Any) -> int | None:
+    """A sparse model's vector size (its vocabulary); None for any other model."""
+    if adapter.is_native(replica):
+        size: int | None = replica.runner.sparse_size
+        return size
+    return splade.sparse_size(replica)
 
 
 class ModelLoader:
@@ -364,11 +372,10 @@ async def warm_up(entry: ModelEntry) -> None:
 
 
 async def stop_engines(registry: Registry) -> None:
-    """Stop every engine that was started, as one AsyncEngineArray."""
+    """Stop every engine that was started: native ones each, infinity-emb's as one
+    AsyncEngineArray (only then is infinity-emb imported)."""
     if not registry.engines:
         return
-    from infinity_emb import AsyncEngineArray
-
     for entry in registry.entries():
         if entry.logits is not None:
             entry.logits.close()
@@ -377,4 +384,11 @@ async def stop_engines(registry: Registry) -> None:
         if entry.feeder is not None:
             entry.feeder.close()
     engines, registry.engines = registry.engines, []
-    await AsyncEngineArray(engines=engines).astop()
+    for engine in engines:
+        if adapter.is_native(engine):
+            await engine.astop()
+    others = [e for e in engines if not adapter.is_native(e)]
+    if others:
+        from infinity_emb import AsyncEngineArray
+
+        await AsyncEngineArray(engines=others).astop()

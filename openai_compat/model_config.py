@@ -83,7 +83,7 @@ class ModelConfig(BaseModel):
     engine: str = Field(
         "torch",
         description="torch (infinity-emb's default), native (our own engine on "
-        "sentence-transformers 6: embedders, rerankers and classifiers), onnx (ONNX Runtime "
+        "sentence-transformers 6: every model kind), onnx (ONNX Runtime "
         "on CPU) or openvino (OpenVINO on CPU; both exported once and cached), or another "
         "infinity-emb engine: optimum, debugengine...",
     )

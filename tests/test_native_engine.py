@@ -77,7 +77,12 @@ def tiny_cross_encoder(minilm: str, out: Path, labels: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> dict[str, Path]:
+def models(
+    tmp_path_factory: pytest.TempPathFactory,
+    minilm_path: str,
+    splade_path: Path,
+    tiny_media_models: dict[str, Path],
+) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("native")
     colbert = root / "colbert"
     shutil.copytree(minilm_path, colbert)
@@ -89,6 +94,8 @@ def models(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> dict[s
         "reranker": tiny_cross_encoder(minilm_path, root / "reranker", 1),
         "classifier": tiny_cross_encoder(minilm_path, root / "classifier", 3),
         "colbert": colbert,
+        "splade": splade_path,
+        **tiny_media_models,
     }
 
 
@@ -230,16 +237,116 @@ def test_colbert_style_models_give_their_token_vectors(models: dict[str, Path]) 
         assert np.max(np.abs(got - ref.numpy())) < 1e-5
 
 
-def test_kinds_it_does_not_serve_yet_are_refused_by_name(
-    tmp_path: Path, models: dict[str, Path]
+def test_sparse_vectors_equal_the_sparse_encoders_encode(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = tmp_path / "mlm"
-    shutil.copytree(models["minilm"], folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg["architectures"] = ["BertForMaskedLM"]
-    (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="BertForMaskedLM model is not served by the native"):
-        native.load(config(folder), threads=1)
+    from openai_compat.engine import text
+
+    engine = native.load(config(models["splade"]), threads=2)
+    assert engine.kind == "sparse" and engine.runner.sparse_size == 30522
+    texts = [*TEXTS[:20], "word " * 300]
+    reference = engine.model.encode(texts).to_dense().numpy()
+    tokenizer = engine.model.tokenizer
+    # A logits budget of 3 rows of the longest input: every forward pass is cut to it.
+    longest = max(len(tokenizer(t, truncation=True)["input_ids"]) for t in texts)
+    monkeypatch.setattr(text, "SPARSE_LOGITS_BUDGET", 3 * longest * 30522)
+    passes: list[tuple[int, int]] = []  # rows, padded width
+    inner = engine.runner._forward
+
+    def spy(rows: Any) -> Any:
+        passes.append((len(rows), max(r.length for r in rows)))
+        return inner(rows)
+
+    engine.runner._forward = spy  # type: ignore[method-assign]
+    vectors, tokens = run(engine, lambda: engine.embed(texts))
+    assert all(n * width <= 3 * longest for n, width in passes)
+    assert sum(n for n, _ in passes) == len(texts) and max(n for n, _ in passes) > 3
+    for got, want in zip(vectors, reference, strict=True):
+        np.testing.assert_array_equal(got.indices, np.flatnonzero(want))
+        np.testing.assert_allclose(got.values, want[got.indices], atol=1e-5, rtol=1e-5)
+    counts = [len(tokenizer(t, truncation=True)["input_ids"]) for t in texts]
+    assert [v.tokens for v in vectors] == counts and tokens == sum(counts)
+
+
+def test_a_dense_folder_asked_for_sparse_is_refused_by_name(models: dict[str, Path]) -> None:
+    # sentence-transformers would put a sparse auto-encoder over MiniLM: not SPLADE
+    with pytest.raises(ValueError, match=r"needs a SPLADE model.*SparseAutoEncoder"):
+        native.load(config(models["minilm"], kind="sparse"), threads=1)
+
+
+def _images() -> list[Any]:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    return [
+        Image.fromarray((rng.random((30 + 7 * i, 50 - 3 * i, 3)) * 255).astype("uint8"))
+        for i in range(6)
+    ]
+
+
+def test_clip_images_and_texts_equal_the_librarys_and_transformers(
+    models: dict[str, Path],
+) -> None:
+    import torch
+    from transformers import CLIPModel, CLIPProcessor
+
+    engine = native.load(config(models["clip"]), threads=2)
+    assert engine.kind == "clip" and engine.capabilities == {"embed", "image_embed"}
+    images, texts = _images(), TEXTS[:5]
+    modalities: list[set[str]] = []
+    inner = engine.runner._forward
+
+    def spy(rows: Any) -> Any:
+        modalities.append({r.shared["modality"] for r in rows})
+        return inner(rows)
+
+    engine.runner._forward = spy  # type: ignore[method-assign]
+
+    async def work() -> Any:  # images and texts queued together share batches, not passes
+        return await asyncio.gather(
+            engine.image_embed(images=images[:3]),
+            engine.embed(texts),
+            engine.image_embed(images=images[3:]),
+        )
+
+    (first, image_usage), (text_vectors, _), (rest, _) = run(engine, work)
+    assert all(len(m) == 1 for m in modalities) and {"text", "image"} == set().union(*modalities)
+    unit = lambda m: m / np.linalg.norm(m, axis=1, keepdims=True)  # noqa: E731
+    assert np.max(np.abs(np.stack(first + rest) - unit(engine.model.encode(images)))) < 1e-5
+    assert np.max(np.abs(np.stack(text_vectors) - unit(engine.model.encode(texts)))) < 1e-5
+    assert image_usage == 3 * ((32 // 8) ** 2 + 1)  # a ViT's patches and its class token
+    model = CLIPModel.from_pretrained(models["clip"]).eval()
+    processor = CLIPProcessor.from_pretrained(models["clip"])
+    with torch.no_grad():
+        direct = model.get_image_features(**processor(images=images, return_tensors="pt"))
+    assert np.max(np.abs(np.stack(first + rest) - unit(direct.pooler_output.numpy()))) < 1e-5
+
+
+def test_clap_audio_equals_the_librarys_and_transformers(models: dict[str, Path]) -> None:
+    import io
+
+    import soundfile
+    import torch
+    from transformers import ClapModel, ClapProcessor
+
+    from tests.media_samples import wav
+
+    engine = native.load(config(models["clap"]), threads=2)
+    assert engine.kind == "clap" and engine.sampling_rate == 16000
+    clips = [wav(freq=f, seconds=s) for f, s in ((440.0, 0.5), (880.0, 1.0), (220.0, 0.25))]
+    vectors, _ = run(engine, lambda: engine.audio_embed(audios=clips))
+    samples = [soundfile.read(io.BytesIO(c), dtype="float32")[0] for c in clips]
+    library = engine.model.encode([{"array": a, "sampling_rate": 16000} for a in samples])
+    unit = library / np.linalg.norm(library, axis=1, keepdims=True)
+    assert np.max(np.abs(np.stack(vectors) - unit)) < 1e-5
+    model = ClapModel.from_pretrained(models["clap"]).eval()
+    processor = ClapProcessor.from_pretrained(models["clap"])
+    features = processor(audio=samples, sampling_rate=16000, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        direct = model.get_audio_features(input_features=features["input_features"])
+    own = direct.pooler_output.numpy()
+    own = own / np.linalg.norm(own, axis=1, keepdims=True)
+    assert np.max(np.abs(np.stack(vectors) - own)) < 1e-5
 
 
 # ---------------------------------------------------------------- through a server process
@@ -251,7 +358,7 @@ def server(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
     toml.write_text(
         "".join(
             f'[[models]]\nmodel = "{models[n]}"\nname = "{n}"\nengine = "native"\n\n'
-            for n in ("minilm", "reranker", "classifier")
+            for n in ("minilm", "reranker", "classifier", "splade", "clip", "clap")
         )
     )
     with RemoteServer(["--config", str(toml)]) as srv:
@@ -308,3 +415,53 @@ def test_a_server_on_the_native_engine_answers_every_kind(
     )
     for i, p in enumerate(probs):
         assert scores[f"class-{i}"] == pytest.approx(float(p), abs=1e-5)
+
+
+@pytest.mark.slow
+def test_a_server_on_the_native_engine_serves_sparse_image_and_audio_models(
+    server: Any, models: dict[str, Path]
+) -> None:
+    import io
+
+    import openai
+    import soundfile
+    from PIL import Image
+    from sentence_transformers import SentenceTransformer, SparseEncoder
+
+    from tests.media_samples import data_uri, png, wav
+
+    listed = {m["id"]: m for m in httpx.get(server.url + "/v1/models").json()["data"]}
+    assert "sparse" in listed["splade"]["capabilities"]
+    assert {"image", "embed"} <= set(listed["clip"]["capabilities"])
+    assert {"audio", "embed"} <= set(listed["clap"]["capabilities"])
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+    sparse = client.embeddings.create(model="splade", input=TEXTS[:4], encoding_format="float")
+    reference = SparseEncoder(str(models["splade"]), device="cpu").encode(TEXTS[:4])
+    for item, want in zip(sparse.data, reference.to_dense().numpy(), strict=True):
+        got: dict[str, Any] = item.embedding  # type: ignore[assignment]
+        np.testing.assert_array_equal(got["indices"], np.flatnonzero(want))
+        np.testing.assert_allclose(got["values"], want[got["indices"]], atol=1e-5, rtol=1e-5)
+
+    clip = SentenceTransformer(str(models["clip"]), device="cpu")
+    picture = png(41, 29)
+    image = client.embeddings.create(
+        model="clip", input=[data_uri(picture, "image/png")], extra_body={"modality": "image"}
+    )
+    want = clip.encode([Image.open(io.BytesIO(picture)).convert("RGB")])[0]
+    got_image = np.asarray(image.data[0].embedding)
+    assert np.max(np.abs(got_image - want / np.linalg.norm(want))) < 1e-5
+    assert image.usage.prompt_tokens == (32 // 8) ** 2 + 1
+
+    clap = SentenceTransformer(str(models["clap"]), device="cpu")
+    tone = wav(freq=660.0)
+    audio = client.embeddings.create(
+        model="clap", input=[data_uri(tone, "audio/wav")], extra_body={"modality": "audio"}
+    )
+    samples = soundfile.read(io.BytesIO(tone), dtype="float32")[0]
+    want = clap.encode([{"array": samples, "sampling_rate": 16000}])[0]
+    got_audio = np.asarray(audio.data[0].embedding)
+    assert np.max(np.abs(got_audio - want / np.linalg.norm(want))) < 1e-5
+    text = client.embeddings.create(model="clap", input="a beep")
+    want = clap.encode(["a beep"])[0]
+    assert np.max(np.abs(np.asarray(text.data[0].embedding) - want / np.linalg.norm(want))) < 1e-5

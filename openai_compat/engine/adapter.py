@@ -23,7 +23,7 @@ from openai_compat.engine.usage import (  # noqa: F401 (re-exported)
     raw_vectors,
 )
 
-Kind = Literal["embedder", "crossencoder", "classifier", "clip", "clap", "other"]
+Kind = Literal["embedder", "sparse", "crossencoder", "classifier", "clip", "clap", "other"]
 
 # Class names of infinity-emb's torch replicas -> what kind of model they hold.
 _KINDS: dict[str, Kind] = {
@@ -150,8 +150,9 @@ def backend_tokenizer(replica: Any) -> Any | None:
 
 def folder_prompts(replica: Any) -> tuple[dict[str, str], str | None]:
     """The prompts sentence-transformers read from the model folder
-    (config_sentence_transformers.json) and its default prompt name; none for other kinds."""
-    if kind_of(replica) != "embedder":
+    (config_sentence_transformers.json) and its default prompt name, for text embedders
+    (dense or sparse); none for other kinds."""
+    if kind_of(replica) not in ("embedder", "sparse"):
         return {}, None
     replica = sentence_transformer(replica)
     prompts = attr(replica, "prompts", "SentenceTransformer") or {}
@@ -294,6 +295,8 @@ def use_transformer_module(replica: Any, module: Any) -> None:
 
 def image_tokens(replica: Any) -> int:
     """Tokens one image is to a ViT: (image_size / patch_size)^2 patches plus a class token."""
+    if is_native(replica):
+        return int(replica.runner.image_tokens)
     config = getattr(getattr(replica, "model", None), "config", None)
     vision = getattr(config, "vision_config", None)
     size, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)

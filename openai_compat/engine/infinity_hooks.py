@@ -82,7 +82,8 @@ def count_tokens_in_engine(replica: Any) -> bool:
     output back (see raw_vectors).
     """
     if is_native(replica):  # counts and norms are the native engine's own
-        return kind_of(replica) == "embedder" and not replica.runner.multivector
+        text_vectors = kind_of(replica) in ("embedder", "clip", "clap")
+        return text_vectors and not replica.runner.multivector
     if kind_of(replica) != "embedder" or multivector(replica):
         return False
     pre, core, post = replica.encode_pre, replica.encode_core, replica.encode_post

@@ -10,8 +10,12 @@ process may use (cpus.py).
 
 Kinds: a folder whose architecture is `*ForSequenceClassification` is a CrossEncoder, a
 reranker with one label and a classifier with more (raw logits, softmax for classify, the
-model's own activation for rerank, as `predict` applies it); anything else is a
-SentenceTransformer embedder, ColBERT-style architectures giving one vector per token.
+model's own activation for rerank, as `predict` applies it); a masked-LM folder (or any with
+`kind = "sparse"`) is a SparseEncoder with SPLADE pooling, giving sparse vectors over the
+vocabulary; anything else is a SentenceTransformer: an embedder (ColBERT-style architectures
+giving one vector per token), or, where its modalities include images or audio (CLIP, CLAP:
+sentence-transformers reads them from the model's processor), a text + image or text + audio
+embedder.
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ from openai_compat.engine.text import TextKind, TextRunner
 
 _CAPABILITIES: dict[TextKind, set[str]] = {
     "embedder": {"embed"},
+    "sparse": {"embed"},
     "crossencoder": {"rerank"},
     "classifier": {"classify"},
+    "clip": {"embed", "image_embed"},
+    "clap": {"embed", "audio_embed"},
 }
 _DTYPES = ("float32", "float16", "bfloat16")
 
@@ -61,6 +68,7 @@ class NativeEngine:
         self.kind: TextKind = runner.kind
         self.model = runner.model  # the library's own object (public attributes only)
         self.capabilities = set(_CAPABILITIES[self.kind])
+        self.sampling_rate = runner.sampling_rate  # what a CLAP model's audio must be sampled at
         labels = getattr(getattr(self.model, "config", None), "id2label", None) or {}
         self._labels = {int(k): str(v) for k, v in labels.items()}  # read once, at load
         self.scheduler = Scheduler(
@@ -106,6 +114,16 @@ class NativeEngine:
         """Unit vectors (or token vectors) with their tokens and norms; usage in tokens."""
         self._check("embed")
         return await self._run(sentences)
+
+    async def image_embed(self, *, images: Sequence[Any]) -> tuple[list[Any], int]:
+        """Unit vectors of decoded images (PIL), in the space of the model's text vectors."""
+        self._check("image_embed")
+        return await self._run(images)
+
+    async def audio_embed(self, *, audios: Sequence[Any]) -> tuple[list[Any], int]:
+        """Unit vectors of audio files (bytes, validated and at the model's sampling rate)."""
+        self._check("audio_embed")
+        return await self._run(audios)
 
     async def rerank(
         self, *, query: str, docs: Sequence[str], raw_scores: bool = False
@@ -192,24 +210,23 @@ def load(config: Any, threads: int) -> NativeEngine:
     elif config.dtype != "auto":
         raise ValueError(f"dtype {config.dtype!r} is not served by the native engine")
     kind: TextKind
+    multivector = False
     if any(a.endswith("ForSequenceClassification") for a in archs):
         from sentence_transformers import CrossEncoder
 
         model: Any = CrossEncoder(source, **options)
         kind = "crossencoder" if model.num_labels == 1 else "classifier"
-        multivector = False
+    elif config.kind == "sparse" or (
+        config.kind == "auto" and any(a.endswith("ForMaskedLM") for a in archs)
+    ):
+        model, kind = _sparse_encoder(source, options), "sparse"
     else:
-        unsupported = [a for a in archs if a.endswith(("ForMaskedLM", "CLIPModel", "ClapModel"))]
-        if unsupported or config.kind == "sparse":
-            raise ValueError(
-                f"a {unsupported[0] if unsupported else 'sparse'} model is not served by the "
-                "native engine yet; use engine = 'torch' (infinity-emb)"
-            )
         from sentence_transformers import SentenceTransformer
 
         model = SentenceTransformer(source, **options)
-        kind = "embedder"
-        multivector = bool(archs) and "colbert" in archs[0].lower()
+        modalities = set(getattr(model, "modalities", None) or ["text"])
+        kind = "clip" if "image" in modalities else "clap" if "audio" in modalities else "embedder"
+        multivector = kind == "embedder" and bool(archs) and "colbert" in archs[0].lower()
     runner = TextRunner(model, kind, threads, multivector=multivector)
     return NativeEngine(
         runner,
@@ -217,3 +234,21 @@ def load(config: Any, threads: int) -> NativeEngine:
         batch_size=config.batch_size,
         max_batch_tokens=config.max_batch_tokens,
     )
+
+
+def _sparse_encoder(source: str, options: dict[str, Any]) -> Any:
+    """A SparseEncoder that pools SPLADE-style (max over tokens of log(1 + relu(logits))):
+    the library builds one from a masked-LM folder, or reads the folder's own sparse modules.
+    Anything else it might build (a sparse auto-encoder over a dense model) is refused."""
+    # sentence-transformers >= 5 (the native stack); the default environment's 3.4 lacks it
+    from sentence_transformers import SparseEncoder  # type: ignore[attr-defined,unused-ignore]
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+    model = SparseEncoder(source, **options)
+    if not any(isinstance(m, SpladePooling) for m in model):
+        found = ", ".join(type(m).__name__ for m in model)
+        raise ValueError(
+            f"kind = 'sparse' needs a SPLADE model (a masked-LM folder, or sentence-"
+            f"transformers sparse modules with SpladePooling); this folder gives {found}"
+        )
+    return model

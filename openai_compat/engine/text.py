@@ -1,64 +1,92 @@
-"""Text models on sentence-transformers 6, through its public stages only.
+"""Models on sentence-transformers 6, through its public stages only: text, image and audio.
 
-`preprocess` tokenizes a caller's inputs (on the model's preparation thread, when they
-arrive); each row is kept unpadded with its length, its cost to the scheduler. A batch of rows
-from any callers is padded again (`collate`) and run through the model as `encode`/`predict`
-run it (`model(features)`: compile() applies), then the kind's own tail: an embedder's
-`sentence_embedding` (or its token vectors, cut by the attention mask, for ColBERT-style
-models), a cross-encoder's `scores` upcast to float32 with its `activation_fn`. Padding does
-not change a row's result beyond float noise (the attention mask keeps padding out), so the
-outputs equal the library's own `encode`/`predict` (tests/test_native_engine.py).
+`preprocess` turns a caller's inputs into features (on the model's preparation thread, when
+they arrive); each input becomes a Row: token rows are kept unpadded with their length (their
+cost to the scheduler), image and audio rows whole with a fixed cost (a ViT's patches, the
+audio's feature frames). A batch of rows from any callers is grouped by what preprocess gave
+per batch (the modality: a CLIP model's texts and images run apart), padded again (`collate`)
+and run through the model as `encode`/`predict` run it (`model(features)`: compile() applies),
+then the kind's own tail: an embedder's `sentence_embedding` (or its token vectors, cut by the
+attention mask, for ColBERT-style models), a SPLADE model's vocabulary-sized row as a sparse
+vector, a cross-encoder's `scores` upcast to float32 with its `activation_fn`. Padding does not
+change a row's result beyond float noise (the attention mask keeps padding out), so the outputs
+equal the library's own `encode`/`predict` (tests/test_native_engine.py).
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from openai_compat.engine.usage import TokenCountedArray, TokenIds, unit_rows
 
-TextKind = Literal["embedder", "crossencoder", "classifier"]
+# embedder: SentenceTransformer (text); sparse: SparseEncoder with SPLADE pooling; crossencoder
+# and classifier: CrossEncoder with one label / more; clip and clap: SentenceTransformer whose
+# modalities include image / audio besides text.
+TextKind = Literal["embedder", "sparse", "crossencoder", "classifier", "clip", "clap"]
 # Keys of preprocess's output that are per-token rows; anything else is per batch (modality).
 _PAD_KEYS = {"input_ids"}
+# Logits a SPLADE forward chunk may hold (rows x tokens x vocabulary): 64 M floats = 256 MB.
+SPARSE_LOGITS_BUDGET = 64 * 1024 * 1024
 
 
 @dataclass
 class Row:
-    """One input, tokenized and unpadded: its tensors by key, and its length."""
+    """One input after preprocess: its tensors by key (token rows unpadded), its cost (the
+    tokens it takes), and what preprocess gave for its whole batch (its modality)."""
 
     tensors: dict[str, Any]
     length: int
+    shared: dict[str, Any] = field(default_factory=dict)
+    tokens: bool = True  # token rows are padded to a batch; pixel or audio rows are stacked
+
+    def group(self) -> tuple[Any, ...]:
+        """Rows that can share one forward pass have the same group."""
+        shapes = () if self.tokens else tuple(tuple(t.shape) for t in self.tensors.values())
+        return (self.tokens, tuple(sorted((k, repr(v)) for k, v in self.shared.items())), shapes)
 
 
-def split_rows(features: dict[str, Any], left: bool) -> tuple[list[Row], dict[str, Any]]:
-    """preprocess's padded batch -> one unpadded Row per input, and the per-batch keys."""
+def split_rows(
+    features: dict[str, Any], left: bool, cost: int = 1
+) -> tuple[list[Row], dict[str, Any]]:
+    """preprocess's batch -> one Row per input, and the per-batch keys. With an attention
+    mask the rows are token rows (cut to their length); without one (pixel values, audio
+    features) each input's tensors are kept whole at `cost` each."""
     import torch
 
-    mask = features["attention_mask"]
-    n, width = mask.shape
-    lengths = mask.sum(dim=1).tolist()
-    per_row = {
-        k: v
-        for k, v in features.items()
-        if isinstance(v, torch.Tensor) and v.dim() == 2 and tuple(v.shape) == (n, width)
-    }
+    tensors = {k: v for k, v in features.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
+    mask = features.get("attention_mask")
+    if mask is not None:
+        n, width = mask.shape
+        per_row = {k: v for k, v in tensors.items() if tuple(v.shape) == (n, width)}
+    else:
+        n = min((int(v.shape[0]) for v in tensors.values()), default=0)
+        per_row = {k: v for k, v in tensors.items() if int(v.shape[0]) == n}
     shared = {k: v for k, v in features.items() if k not in per_row}
     if any(isinstance(v, torch.Tensor) for v in shared.values()):
-        raise ValueError("this model's inputs are not plain token rows")
+        raise ValueError("this model's inputs are not rows of one input each")
+    if mask is None:
+        rows = [Row({k: v[i] for k, v in per_row.items()}, cost, shared, False) for i in range(n)]
+        return rows, shared
     rows = []
-    for i, length in enumerate(lengths):
+    for i, length in enumerate(mask.sum(dim=1).tolist()):
         cut = slice(width - length, width) if left else slice(0, length)
-        rows.append(Row({k: v[i, cut] for k, v in per_row.items()}, int(length)))
+        rows.append(Row({k: v[i, cut] for k, v in per_row.items()}, int(length), shared))
     return rows, shared
 
 
 def collate(rows: Sequence[Row], shared: dict[str, Any], pad_id: int, left: bool) -> dict:
-    """Rows -> one padded batch with the keys preprocess gives."""
+    """Rows of one group -> one batch with the keys preprocess gives (token rows padded)."""
     import torch
 
-    width = max(r.length for r in rows)
     out: dict[str, Any] = {}
+    if not rows[0].tokens:
+        out = {k: torch.stack([r.tensors[k] for r in rows]) for k in rows[0].tensors}
+        out.update(shared)
+        return out
+    width = max(r.length for r in rows)
     for key, first in rows[0].tensors.items():
         fill = pad_id if key in _PAD_KEYS else 0
         batch = torch.full((len(rows), width), fill, dtype=first.dtype)
@@ -73,6 +101,15 @@ def collate(rows: Sequence[Row], shared: dict[str, Any], pad_id: int, left: bool
     return out
 
 
+def decode_audio(raw: bytes) -> dict[str, Any]:
+    """An audio file (validated by media.py) -> the mono float32 samples and their rate, the
+    form sentence-transformers' audio preprocess takes."""
+    import soundfile
+
+    samples, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
+    return {"array": samples.mean(axis=1), "sampling_rate": int(rate)}
+
+
 class TextRunner:
     """One sentence-transformers model: prepare on any (one) thread, run on the forward
     thread only (scheduler.Scheduler)."""
@@ -85,26 +122,52 @@ class TextRunner:
         self.left = getattr(tokenizer, "padding_side", "right") == "left"
         self.pad_id = int(tokenizer.pad_token_id or 0)
         self.input_names = list(getattr(tokenizer, "model_input_names", ["input_ids"]))
-        # What preprocess gives per batch rather than per row (its modality): read once, here.
-        probe = ("probe", "probe") if kind != "embedder" else "probe"
+        # What preprocess gives per batch of texts rather than per row (the modality): read
+        # once, here, for rows made from token ids.
+        probe = ("probe", "probe") if kind in ("crossencoder", "classifier") else "probe"
         self._shared = split_rows(model.preprocess([probe]), self.left)[1]
+        config = getattr(model.transformers_model, "config", None)
+        self.sparse_size: int | None = None  # a SPLADE model's vector size: its vocabulary
+        if kind == "sparse":
+            self.sparse_size = int(getattr(config, "vocab_size", 0) or len(tokenizer))
+        vision = getattr(config, "vision_config", None)
+        size, patch = getattr(vision, "image_size", 0), getattr(vision, "patch_size", 0)
+        # Tokens one image is to a ViT: its patches and a class token.
+        self.image_tokens = (size // patch) ** 2 + 1 if size and patch else 0
+        self.sampling_rate: int | None = None  # the rate a CLAP model's audio must have
+        if kind == "clap":  # its first module's processor (sentence-transformers' Transformer)
+            extractor = getattr(getattr(model[0], "processor", None), "feature_extractor", None)
+            rate = getattr(extractor, "sampling_rate", None)
+            self.sampling_rate = rate if isinstance(rate, int) else None
 
     # ------------------------------------------------------------ any thread (preparation)
 
     def prepare(self, inputs: Sequence[Any]) -> list[Row]:
-        """A caller's inputs -> rows. Texts (and (text, text) pairs for cross-encoders) go
-        through the model's preprocess; TokenIds are taken as given, no specials added."""
+        """A caller's inputs -> rows. Texts (and (text, text) pairs for cross-encoders), images
+        and audio files go through the model's preprocess; TokenIds are taken as given, no
+        specials added. One call's inputs are of one modality (the engine's calls are)."""
         rows: list[Row | None] = [None] * len(inputs)
-        texts = [i for i, x in enumerate(inputs) if not isinstance(x, TokenIds)]
-        if texts:
-            features = self.model.preprocess([inputs[i] for i in texts])
-            made, _ = split_rows(features, self.left)
-            for i, row in zip(texts, made, strict=True):
+        given = [i for i, x in enumerate(inputs) if not isinstance(x, TokenIds)]
+        if given:
+            batch = [inputs[i] for i in given]
+            if self.kind == "clap" and isinstance(batch[0], bytes | bytearray):
+                batch = [decode_audio(bytes(b)) for b in batch]
+            features = self.model.preprocess(batch)
+            made, _ = split_rows(features, self.left, self._cost(features))
+            for i, row in zip(given, made, strict=True):
                 rows[i] = row
         for i, x in enumerate(inputs):
             if isinstance(x, TokenIds):
                 rows[i] = self._ids_row(x.ids)
         return [r for r in rows if r is not None]
+
+    def _cost(self, features: dict[str, Any]) -> int:
+        """What one image or audio input costs the token budget: a ViT's tokens, or the
+        audio's feature frames."""
+        audio = features.get("input_features")
+        if audio is not None:
+            return int(audio.shape[-2])
+        return max(1, self.image_tokens)
 
     def _ids_row(self, ids: Sequence[int]) -> Row:
         import torch
@@ -114,7 +177,7 @@ class TextRunner:
         tensors["attention_mask"] = torch.ones(n, dtype=torch.long)
         if "token_type_ids" in self.input_names:
             tensors["token_type_ids"] = torch.zeros(n, dtype=torch.long)
-        return Row(tensors, n)
+        return Row(tensors, n, self._shared)
 
     # ------------------------------------------------------------ the forward thread
 
@@ -125,14 +188,35 @@ class TextRunner:
         self.model.eval()
 
     def run(self, rows: Sequence[Row]) -> list[Any]:
+        """One batch from the scheduler: each group of rows (one modality) through the model
+        in one pass (a SPLADE model's in chunks that bound its logits), results in order."""
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, row in enumerate(rows):
+            groups.setdefault(row.group(), []).append(i)
+        results: list[Any] = [None] * len(rows)
+        for indices in groups.values():
+            step = len(indices)
+            if self.sparse_size is not None:
+                width = max(rows[i].length for i in indices)
+                step = max(1, SPARSE_LOGITS_BUDGET // (width * self.sparse_size))
+            for start in range(0, len(indices), step):
+                part = indices[start : start + step]
+                outputs = self._forward([rows[i] for i in part])
+                for i, result in zip(part, outputs, strict=True):
+                    results[i] = result
+        return results
+
+    def _forward(self, rows: Sequence[Row]) -> list[Any]:
         import torch
 
-        features = collate(rows, self._shared, self.pad_id, self.left)
+        features = collate(rows, rows[0].shared, self.pad_id, self.left)
         with torch.inference_mode():
             out = self.model(features)
-            if self.kind == "embedder":
-                return self._vectors(out, rows)
-            return self._scores(out)
+            if self.kind in ("crossencoder", "classifier"):
+                return self._scores(out)
+            if self.kind == "sparse":
+                return self._sparse(out, rows)
+            return self._vectors(out, rows)
 
     def _vectors(self, out: dict[str, Any], rows: Sequence[Row]) -> list[Any]:
         if self.multivector:
@@ -146,6 +230,12 @@ class TextRunner:
         return [
             TokenCountedArray.of(unit[i], r.length, float(norms[i])) for i, r in enumerate(rows)
         ]
+
+    def _sparse(self, out: dict[str, Any], rows: Sequence[Row]) -> list[Any]:
+        from openai_compat.sparse import SparseVector
+
+        matrix = out["sentence_embedding"].float().cpu().numpy()
+        return [SparseVector.from_dense(matrix[i], r.length) for i, r in enumerate(rows)]
 
     def _scores(self, out: dict[str, Any]) -> list[Any]:
         """Raw scores (logits) per input: the tails of rerank and classify apply to them."""
