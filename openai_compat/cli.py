@@ -185,6 +185,10 @@ def download(settings: Settings) -> int:
                 where = export.folder / export.file_name
                 print(f"{model.served_name}: {model.engine} export -> {where}")
                 print(f"{model.served_name}: {fidelity.describe(fidelity.read(export.folder))}")
+            elif model.engine == "native" and model.backend != "torch":
+                folder = _native_export(model, settings)
+                print(f"{model.served_name}: native {model.backend} export -> {folder}")
+                print(f"{model.served_name}: {fidelity.describe(fidelity.read(folder))}")
         except Exception as exc:  # offline, unknown repo, no space...: one line, not a trace
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             print(
@@ -194,6 +198,18 @@ def download(settings: Settings) -> int:
             )
             failed += 1
     return 1 if failed else 0
+
+
+def _native_export(model: Any, settings: Settings) -> Path:
+    """Load a native model served on an export: made (and measured) if not cached yet."""
+    from openai_compat import cpus
+    from openai_compat.engine import native
+
+    engine = native.load(model, cpus.engine_threads(), settings.exports())
+    folder = engine.runner.exported
+    if folder is None:  # load() runs every backend but torch on an export
+        raise RuntimeError(f"model {model.served_name!r} was not served on an export")
+    return folder
 
 
 def demo_models(folder: Path) -> int:

@@ -82,7 +82,7 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
     Blocking: run it in a thread."""
     check_options(config)
     if config.engine == NATIVE:
-        return _create_native(config)
+        return _create_native(config, export_dir or default_export_dir())
     from infinity_emb import AsyncEmbeddingEngine
 
     try:
@@ -111,9 +111,9 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
     return engine
 
 
-def _create_native(config: ModelConfig) -> native.NativeEngine:
+def _create_native(config: ModelConfig, export_dir: Path) -> native.NativeEngine:
     try:
-        engine = native.load(config, cpus.engine_threads())
+        engine = native.load(config, cpus.engine_threads(), export_dir)
         adapter.apply_max_length(engine, config.max_length)
         pooling.apply_pooling(engine, config.pooling_method, sparse=engine.kind == "sparse")
     except (ValueError, TypeError, KeyError) as exc:

@@ -92,10 +92,16 @@ class ModelConfig(BaseModel):
         description="sparse: serve SPLADE sparse vectors from a masked-LM model; auto: sparse "
         "for a local folder whose config.json names a ...ForMaskedLM architecture.",
     )
+    backend: Literal["torch", "onnx", "openvino"] = Field(
+        "torch",
+        description="engine = 'native': run a text embedder's forward pass on torch, or on "
+        "its export run by ONNX Runtime or OpenVINO (exported once and cached; no optimum).",
+    )
     quantize: Literal["int8"] | None = Field(
         None,
-        description="With engine = 'onnx': 'int8' serves a dynamically quantised export; with "
-        "engine = 'openvino' a statically quantised one (calibrated on a fixed text set).",
+        description="With engine = 'onnx' (or native's backend = 'onnx'): 'int8' serves a "
+        "dynamically quantised export; with 'openvino' a statically quantised one "
+        "(calibrated on a fixed text set).",
     )
     device: str = Field("auto", description="cpu, cuda, mps or auto.")
     batch_size: int = Field(32, ge=1, le=65536, description="Maximum dynamic batch size.")
@@ -195,9 +201,17 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _quantize_needs_a_backend(self) -> ModelConfig:
-        if self.quantize is not None and self.engine not in BACKENDS:
+        if self.backend != "torch" and self.engine != NATIVE:
+            raise ValueError(
+                f"backend applies to engine = 'native' only (or use engine = {self.backend!r})"
+            )
+        exported = self.engine in BACKENDS or self.backend != "torch"
+        if self.quantize is not None and not exported:
             names = " or ".join(repr(b) for b in BACKENDS)
-            raise ValueError(f"quantize applies to engine = {names} only")
+            raise ValueError(
+                f"quantize applies to engine = {names}, or to engine = 'native' with "
+                f"backend = {names}, only"
+            )
         return self
 
     @model_validator(mode="after")

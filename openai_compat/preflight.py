@@ -40,6 +40,11 @@ _EXTRAS = {
     "onnx": ("onnx", ("optimum.onnxruntime", "onnxruntime")),
     "openvino": ("openvino", ("optimum.intel", "openvino")),
 }
+# engine = "native"'s backends (engine/exported.py: no optimum) -> the modules they need
+_NATIVE_BACKENDS: dict[str, tuple[str, ...]] = {
+    "onnx": ("onnx", "onnxruntime"),
+    "openvino": ("openvino", "onnx"),
+}
 
 
 def _missing_extra(engine: str) -> str | None:
@@ -48,13 +53,17 @@ def _missing_extra(engine: str) -> str | None:
     if engine not in _EXTRAS:
         return None
     extra, modules = _EXTRAS[engine]
+    return extra if _missing_module(modules) else None
+
+
+def _missing_module(modules: tuple[str, ...]) -> str | None:
     for module in modules:
         try:
             found = importlib.util.find_spec(module) is not None
         except ModuleNotFoundError:  # its parent package is missing
             found = False
         if not found:
-            return extra
+            return module
     return None
 
 
@@ -123,6 +132,16 @@ def check_options(config: ModelConfig) -> None:
             f"model {name!r}: engine = {config.engine!r} needs the {extra!r} extra, which is "
             f"not installed: pip install 'openai-compat[{extra}]'"
         )
+    if config.engine == "native" and config.backend != "torch":
+        needed = _NATIVE_BACKENDS[config.backend]
+        if config.backend == "openvino" and config.quantize:
+            needed += ("nncf",)  # static int8 (ONNX's dynamic int8 is onnxruntime's own)
+        module = _missing_module(needed)
+        if module is not None:
+            raise EngineFailure(
+                f"model {name!r}: backend = {config.backend!r} needs the {module!r} package, "
+                f"which is not installed (requirements/native.txt lists it)"
+            )
     wants_bt = config.bettertransformer and config.engine not in BACKENDS
     if wants_bt and not adapter.bettertransformer_available():
         raise EngineFailure(

@@ -59,6 +59,10 @@ EFFECTS: dict[str, tuple[str, str]] = {
         HERE,
         "test_batch_size_model_warmup_and_wave_batching",
     ),
+    "backend": (
+        "tests/test_native_engine.py",
+        "test_exported_backends_serve_the_model_within_their_fidelity",
+    ),
     "max_batch_tokens": (
         "tests/test_native_engine.py",
         "test_max_batch_tokens_bounds_every_batch",
@@ -378,3 +382,20 @@ async def test_token_ids_model_embeds_exactly_the_ids_sent(minilm_path: str) -> 
     # text on the same model is tokenized as usual ([CLS] hello world [SEP])
     assert text.json()["usage"]["prompt_tokens"] == 4
     np.testing.assert_allclose(_vectors(text.json())[0], _vectors(body)[1], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"backend": "onnx"}, "backend applies to engine = 'native' only"),
+        ({"engine": "native", "quantize": "int8"}, "quantize applies to engine = 'onnx'"),
+        ({"engine": "torch", "quantize": "int8"}, "quantize applies to engine = 'onnx'"),
+    ],
+)
+def test_backend_and_quantize_are_refused_where_they_do_nothing(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ModelConfig(model="builtin:all-MiniLM-L6-v2", **options)
+    # where they apply, the same options are accepted
+    ModelConfig(model="builtin:all-MiniLM-L6-v2", engine="native", backend="onnx", quantize="int8")

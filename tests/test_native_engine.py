@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +50,8 @@ def config(source: Path | str, **kw: Any) -> Any:
         served_name="m",
         batch_size=8,
         max_batch_tokens=16384,
+        backend="torch",
+        quantize=None,
     )
     return SimpleNamespace(**{**base, **kw})
 
@@ -349,6 +353,67 @@ def test_clap_audio_equals_the_librarys_and_transformers(models: dict[str, Path]
     assert np.max(np.abs(np.stack(vectors) - own)) < 1e-5
 
 
+@pytest.mark.parametrize(
+    ("backend", "quantize", "floor"),
+    [
+        ("onnx", None, 1e-5),
+        ("onnx", "int8", 0.98),
+        ("openvino", None, 1e-5),
+        ("openvino", "int8", 0.98),
+    ],
+)
+def test_exported_backends_serve_the_model_within_their_fidelity(
+    models: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    backend: str,
+    quantize: str | None,
+    floor: float,
+) -> None:
+    """Our own export (engine/exported.py, no optimum) in place of the torch encoder: fp32
+    equals encode within 1e-5, int8 keeps every probe over its floor; the export is made
+    once, measured, and the next load takes it from the cache."""
+    from openai_compat.engine import fidelity
+
+    exports = tmp_path_factory.mktemp(f"exports-{backend}-{quantize}")
+    options = dict(backend=backend, quantize=quantize)
+    engine = native.load(config(models["minilm"], **options), threads=2, export_dir=exports)
+    assert engine.torch_modules() == []  # the runtime holds the weights, not torch
+    (folder,) = exports.glob("m-*")
+    measured = fidelity.read(folder)
+    assert measured is not None and measured["precision"] == ("int8" if quantize else "fp32")
+    vectors, _ = run(engine, lambda: engine.embed(TEXTS))
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(models["minilm"]), device="cpu").encode(
+        TEXTS, normalize_embeddings=True
+    )
+    got = np.stack(vectors)
+    if quantize is None:
+        assert np.max(np.abs(got - reference)) < floor
+        assert measured["min_cosine"] >= 0.9999
+    else:
+        assert measured["min_cosine"] >= floor
+        assert float(np.min(np.sum(got * reference, axis=1))) >= floor
+        assert np.max(np.abs(got - reference)) > 1e-4  # it is the quantised graph that ran
+    made = {p: p.stat().st_mtime_ns for p in folder.iterdir()}
+    again = native.load(config(models["minilm"], **options), threads=1, export_dir=exports)
+    assert list(exports.glob("m-*")) == [folder]
+    assert {p: p.stat().st_mtime_ns for p in folder.iterdir()} == made  # not exported anew
+    # the same batches (int8's activation scales are per batch: the same neighbours too)
+    second, _ = run(again, lambda: again.embed(TEXTS))
+    assert np.max(np.abs(np.stack(second) - got)) < 1e-5
+
+
+def test_exported_backends_refuse_what_is_not_a_text_embedder(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="serves text embedding models only"):
+        native.load(config(models["reranker"], backend="onnx", quantize=None), 1, tmp_path)
+    with pytest.raises(ValueError, match="serves text embedding models only"):
+        native.load(config(models["clip"], backend="openvino", quantize=None), 1, tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing was exported
+
+
 # ---------------------------------------------------------------- through a server process
 
 
@@ -360,7 +425,19 @@ def server(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
             f'[[models]]\nmodel = "{models[n]}"\nname = "{n}"\nengine = "native"\n\n'
             for n in ("minilm", "reranker", "classifier", "splade", "clip", "clap")
         )
+        + f'[[models]]\nmodel = "{models["minilm"]}"\nname = "minilm-onnx"\nengine = "native"\n'
+        'backend = "onnx"\n'
     )
+    # `openai-compat download` makes the ONNX export ahead of time; the server finds it.
+    made = subprocess.run(
+        [sys.executable, "-m", "openai_compat", "download", "--config", str(toml)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert made.returncode == 0, made.stderr
+    assert "minilm-onnx: native onnx export -> " in made.stdout
+    assert "minilm-onnx: cosine to torch >= 1.0000 on 10 probes" in made.stdout
     with RemoteServer(["--config", str(toml)]) as srv:
         yield srv
 
@@ -386,6 +463,10 @@ def test_a_server_on_the_native_engine_answers_every_kind(
         json={"model": "minilm", "input": TEXTS[0], "encoding_format": "base64"},
     ).json()["data"][0]["embedding"]
     assert np.max(np.abs(np.frombuffer(base64.b64decode(b64), "<f4") - reference[0])) < 1e-5
+    exported = client.embeddings.create(model="minilm-onnx", input=TEXTS[:20])
+    matrix = np.array([d.embedding for d in exported.data], dtype=np.float32)
+    assert np.max(np.abs(matrix - reference)) < 1e-5  # ONNX Runtime ran it (exported.py)
+    assert "exporting 'minilm-onnx'" not in server.output()  # download's export, reused
 
     docs = TEXTS[1:8]
     answer = httpx.post(

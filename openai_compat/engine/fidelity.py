@@ -46,10 +46,19 @@ PROBES: dict[str, str] = {
 def measure(reference: Any, candidate: Any, precision: str) -> dict[str, Any]:
     """Cosine of each probe's vector from `candidate` to `reference` (two
     sentence-transformers models), alone and in one batch; the worse of the two per probe."""
+    return compare(reference_vectors(reference), candidate, precision)
+
+
+def reference_vectors(reference: Any) -> Any:
+    """The probes' unit vectors from the reference model, one at a time."""
+    return reference.encode(list(PROBES.values()), batch_size=1, normalize_embeddings=True)
+
+
+def compare(want: Any, candidate: Any, precision: str) -> dict[str, Any]:
+    """measure, with the reference's vectors (reference_vectors) given."""
     import numpy as np
 
     texts = list(PROBES.values())
-    want = reference.encode(texts, batch_size=1, normalize_embeddings=True)
     alone = candidate.encode(texts, batch_size=1, normalize_embeddings=True)
     batched = candidate.encode(texts, batch_size=len(texts), normalize_embeddings=True)
     worst = np.minimum(np.sum(want * alone, axis=1), np.sum(want * batched, axis=1))

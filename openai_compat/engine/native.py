@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -179,7 +180,9 @@ class NativeEngine:
     # ------------------------------------------------------------ what the server asks
 
     def torch_modules(self) -> list[Any]:
-        return [self.model]
+        """The torch modules holding the model's weights; none where an export runs it (its
+        runtime's memory shows in the process's growth during the load)."""
+        return [] if self.runner.exported is not None else [self.model]
 
 
 # ---------------------------------------------------------------- loading
@@ -197,8 +200,9 @@ def _architectures(source: str, revision: str | None, trust_remote_code: bool) -
     return [str(a) for a in getattr(config, "architectures", None) or []]
 
 
-def load(config: Any, threads: int) -> NativeEngine:
-    """Build (load the weights of) the engine for one configured model. Blocking."""
+def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEngine:
+    """Build (load the weights of) the engine for one configured model, its forward pass on
+    torch or on an export (`config.backend`; exported.py). Blocking."""
     source = str(config.source)
     archs = _architectures(source, config.revision, config.trust_remote_code)
     device = None if config.device == "auto" else config.device
@@ -227,7 +231,19 @@ def load(config: Any, threads: int) -> NativeEngine:
         modalities = set(getattr(model, "modalities", None) or ["text"])
         kind = "clip" if "image" in modalities else "clap" if "audio" in modalities else "embedder"
         multivector = kind == "embedder" and bool(archs) and "colbert" in archs[0].lower()
+    backend = getattr(config, "backend", "torch")
+    if backend != "torch":
+        if kind != "embedder" or multivector:
+            raise ValueError(
+                f"backend = {backend!r} serves text embedding models only; this is a "
+                f"{kind} model (serve it with backend = 'torch')"
+            )
+        from openai_compat.engine.exported import serve_exported
+        from openai_compat.settings import default_export_dir
+
+        folder = serve_exported(model, config, export_dir or default_export_dir(), threads)
     runner = TextRunner(model, kind, threads, multivector=multivector)
+    runner.exported = folder if backend != "torch" else None
     return NativeEngine(
         runner,
         name=config.served_name,

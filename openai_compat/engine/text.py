@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from openai_compat.engine.usage import TokenCountedArray, TokenIds, unit_rows
@@ -117,6 +118,8 @@ class TextRunner:
     def __init__(self, model: Any, kind: TextKind, threads: int, multivector: bool = False):
         self.model, self.kind, self.threads = model, kind, threads
         self.multivector = multivector
+        # The export's folder where the forward pass runs on one (engine/exported.py).
+        self.exported: Path | None = None
         tokenizer = model.tokenizer
         self.tokenizer = tokenizer
         self.left = getattr(tokenizer, "padding_side", "right") == "left"
