@@ -206,7 +206,9 @@ def test_backends_refuse_what_they_cannot_run(
         timeout=60,
     )
     assert done.returncode == 2
-    assert "quantize applies to engine = 'onnx' or 'openvino' only" in done.stderr
+    assert "quantize applies to engine = 'onnx' or 'openvino', or to engine = 'native' with" in (
+        done.stderr
+    )
 
 
 async def test_exported_models_load_lazily_and_reload_from_the_cache(
