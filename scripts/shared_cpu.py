@@ -12,6 +12,9 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
     omp1     one OpenMP thread, spinning as libgomp does by default
     native   the native engine (engine = "native", sentence-transformers 6), run by
              $NATIVE_PYTHON (a venv with the new stack) if set, else this interpreter
+    native-onnx, native-openvino
+             the same with backend = "onnx" / "openvino" (engine/exported.py; the export is
+             made on the first start, in $HF_HOME/openai-compat-exports, and reused)
     library  no server: sentence-transformers' own encode(texts, batch_size=32) in one
              process on the same kind of texts, 512 at a time (the ceiling), by
              $NATIVE_PYTHON too: the library the native engine runs on
@@ -38,13 +41,18 @@ VARIANTS = {
     "spin": SPIN,
     "spin10k": {"GOMP_SPINCOUNT": "10000"},
     "omp1": {**SPIN, "OMP_NUM_THREADS": "1"},
-    "native": {"OPENAI_COMPAT_CONFIG": "native"},  # start() writes the config file
+    # start() writes the config file
+    "native": {"OPENAI_COMPAT_CONFIG": "native"},
+    "native-onnx": {"OPENAI_COMPAT_CONFIG": "native-onnx"},
+    "native-openvino": {"OPENAI_COMPAT_CONFIG": "native-openvino"},
     "library": {},  # one_run: no server
 }
 NATIVE_TOML = """[[models]]
 model = "builtin:all-MiniLM-L6-v2"
 engine = "native"
+backend = "{backend}"
 """
+NATIVE_BACKENDS = {"native": "torch", "native-onnx": "onnx", "native-openvino": "openvino"}
 IN_FLIGHT, PER_REQUEST, SECONDS, WARMUP = 32, 16, 15.0, 4.0
 
 
@@ -61,10 +69,11 @@ def start(extra: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
         if name not in extra:
             env.pop(name, None)
     python = sys.executable
-    if env.get("OPENAI_COMPAT_CONFIG") == "native":
-        path = f"/tmp/shared_cpu_native_{os.getpid()}.toml"
+    backend = NATIVE_BACKENDS.get(env.get("OPENAI_COMPAT_CONFIG", ""))
+    if backend is not None:
+        path = f"/tmp/shared_cpu_{backend}_{os.getpid()}.toml"
         with open(path, "w") as f:
-            f.write(NATIVE_TOML)
+            f.write(NATIVE_TOML.format(backend=backend))
         env["OPENAI_COMPAT_CONFIG"] = path
         python = os.environ.get("NATIVE_PYTHON", sys.executable)
     command = [python, "-m", "openai_compat", "serve", "--port", str(port)]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from openai_compat import cpus
-from openai_compat.engine import backends, fidelity
+from openai_compat.engine import backends, fidelity, int8
 
 
 class FakeModel:
@@ -88,7 +88,7 @@ def test_load_warns_about_an_export_under_its_floor(
     ],
 )
 def test_the_int8_recipe_keeps_the_feed_forward_outputs_fp32(node: str, kept_fp32: bool) -> None:
-    assert backends._is_ffn_output(node) is kept_fp32
+    assert int8.is_ffn_output(node) is kept_fp32
 
 
 def test_a_changed_recipe_makes_new_exports(

@@ -31,7 +31,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from openai_compat.engine import int8
 from openai_compat.settings import BACKENDS, ModelConfig
 
 logger = logging.getLogger("openai_compat")
@@ -53,19 +53,6 @@ RECIPE = "3: int8 output projections fp32, wide calibration, fidelity measured i
 # (AVX512_BF16, AMX) unless told otherwise: max abs error 1.4e-3 on MiniLM's vectors. Our
 # dtype decides: auto/float32 -> f32 (what "fp32" promises), bfloat16 or float16 opt in.
 OPENVINO_PRECISION = {"bfloat16": "bf16", "float16": "f16"}
-# Calibration beyond compact.CALIBRATION_TEXTS' short sentences (none of them is one of
-# fidelity.PROBES, which measure the result): the extremes activations reach.
-CALIBRATION_EXTRA = (
-    " ".join(["item"] * 200),
-    "The committee met on Tuesday to review the budget for the coming year, discussed "
-    "maintenance costs, staff salaries and the new library wing, and postponed the vote. " * 10,
-    "a",
-    "서울은 대한민국의 수도이며 가장 큰 도시입니다.",
-    "القاهرة هي عاصمة مصر وأكبر مدنها.",
-    "नई दिल्ली भारत की राजधानी है।",
-    "Київ є столицею та найбільшим містом України.",
-    "Il treno per Milano parte alle otto e mezza dal binario tre.",
-)
 
 
 @dataclass(frozen=True)
@@ -78,21 +65,6 @@ class Export:
 def slug(name: str) -> str:
     """A served name as a file-name part of a cache entry."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-
-def quantization_target() -> str:
-    """The dynamic-quantisation config that suits this CPU (optimum's names)."""
-    if platform.machine().lower() in ("aarch64", "arm64"):
-        return "arm64"
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        flags = ""
-    if "avx512_vnni" in flags:
-        return "avx512_vnni"
-    if "avx512f" in flags:
-        return "avx512"
-    return "avx2"
 
 
 # Files whose contents make the model: a local folder's export is keyed on them.
@@ -120,7 +92,7 @@ def _key(
 
 
 def _weight_digests(folder: Path, export_dir: Path | None) -> list[str]:
-    """"relative path:sha256" of each weight file in a model folder. A file is hashed again
+    """ "relative path:sha256" of each weight file in a model folder. A file is hashed again
     only when its stat changes (size, mtime, ctime, inode: ctime moves with every write and
     cannot be set back), the digests kept in the export dir; a new copy of the same weights
     costs one hash and keeps its export."""
@@ -228,37 +200,9 @@ def _export_onnx(source: str, revision: str | None, quantize: str | None, tmp: P
     model = SentenceTransformer(source, backend="onnx", device="cpu", revision=revision)
     model.save_pretrained(str(tmp))
     if quantize:
-        _quantize_onnx(tmp / "onnx", quantization_target())
+        int8.quantize_onnx(tmp / "onnx", int8.target())
     else:
         export_optimized_onnx_model(model, OPTIMIZATION, str(tmp))
-
-
-def _is_ffn_output(node: str) -> bool:
-    """The feed-forward block's second projection in the exporters' node names (BERT, RoBERTa,
-    XLM-R, MPNet: `layer.N/output/dense`; DistilBERT `ffn/lin2`; others `fc2`/`down_proj`)."""
-    name = node.replace(".", "/")
-    ffn_output = "/output/dense/" in name and "/attention/" not in name
-    return ffn_output or any(p in name for p in ("/ffn/lin2/", "/fc2/", "/down_proj/"))
-
-
-def _quantize_onnx(onnx_dir: Path, target: str) -> None:
-    """Dynamic int8 of the MatMul weights (per channel) but the feed-forward outputs'. On
-    AVX2/AVX-512 without VNNI, weights use 7 bits (u8 x s8 products saturate otherwise)."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    source = onnx_dir / "model.onnx"
-    graph = onnx.load(str(source), load_external_data=False).graph
-    keep = [n.name for n in graph.node if n.op_type == "MatMul" and _is_ffn_output(n.name)]
-    quantize_dynamic(
-        source,
-        onnx_dir / f"model_qint8_{target}.onnx",
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        reduce_range=target in ("avx2", "avx512"),
-        op_types_to_quantize=["MatMul"],
-        nodes_to_exclude=keep,
-    )
 
 
 def _export_openvino(source: str, revision: str | None, quantize: str | None, tmp: Path) -> None:
@@ -272,46 +216,12 @@ def _export_openvino(source: str, revision: str | None, quantize: str | None, tm
 
 
 def _quantize_openvino(module: Any, target: Path) -> None:
-    """optimum-intel's exported graph, quantised (quantize_openvino_graph) and saved."""
+    """optimum-intel's exported graph, quantised (int8.quantize_openvino_graph) and saved."""
     import openvino
 
     graph = module.auto_model.model  # the openvino.Model inside optimum-intel's wrapper
-    quantized = quantize_openvino_graph(graph, module.tokenizer, module.max_seq_length)
+    quantized = int8.quantize_openvino_graph(graph, module.tokenizer, module.max_seq_length)
     openvino.save_model(quantized, str(target))
-
-
-def quantize_openvino_graph(graph: Any, tokenizer: Any, max_length: int | None) -> Any:
-    """Static int8 (activations and weights) with NNCF's transformer preset (SmoothQuant, fast
-    bias correction), calibrated on the fixed calibration texts one at a time, so each sees
-    its own length; the output projections (feed-forward and attention) stay fp32."""
-    import nncf
-
-    from openai_compat.compact import CALIBRATION_TEXTS
-
-    names = {port.get_any_name() for port in graph.inputs}
-    items = []
-    for text in (*CALIBRATION_TEXTS, *CALIBRATION_EXTRA):
-        encoded = tokenizer([text], return_tensors="np", truncation=True, max_length=max_length)
-        items.append({k: v for k, v in encoded.items() if k in names})
-    return nncf.quantize(
-        graph,
-        nncf.Dataset(items),
-        model_type=nncf.ModelType.TRANSFORMER,
-        subset_size=len(items),
-        # Node names as optimum-intel's PyTorch conversion and OpenVINO's ONNX front end
-        # (engine/exported.py) give them: `layer.N.output.dense/...`, `/layer.N/output/dense/...`.
-        # The ONNX trace also spells attention out (query x key, weights x value: MatMuls of two
-        # activations, where the PyTorch conversion keeps one attention op NNCF leaves alone):
-        # those stay fp32 too (quantised, the repetitive probe fell to 0.937).
-        ignored_scope=nncf.IgnoredScope(
-            patterns=[
-                r".*\.output\.dense/.*",
-                r".*/output/dense/.*",
-                r".*/(self|attn|attention)/MatMul(_\d+)?$",
-            ],
-            validate=False,
-        ),
-    )
 
 
 @contextmanager

@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from openai_compat.engine import backends
+from openai_compat.engine import backends, int8
 
 logger = logging.getLogger("openai_compat")
 
@@ -161,7 +161,7 @@ def _trace_onnx(model: Any, folder: Path) -> Path:
 def _export_onnx(model: Any, folder: Path, quantize: str | None) -> None:
     raw = _trace_onnx(model, folder)
     if quantize:
-        backends._quantize_onnx(folder, backends.quantization_target())
+        int8.quantize_onnx(folder, int8.target())
         return
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -183,7 +183,7 @@ def _export_openvino(model: Any, folder: Path, quantize: str | None) -> None:
     with backends._openvino_telemetry_declined():
         graph = openvino.convert_model(str(raw))
         if quantize:
-            graph = backends.quantize_openvino_graph(graph, model.tokenizer, model.max_seq_length)
+            graph = int8.quantize_openvino_graph(graph, model.tokenizer, model.max_seq_length)
             openvino.save_model(graph, str(folder / backends.OPENVINO_INT8))
         else:
             openvino.save_model(graph, str(folder / OPENVINO_FP32), compress_to_fp16=False)
