@@ -12,7 +12,7 @@ from typing import Any
 
 from openai_compat import __version__, cpus, logs
 from openai_compat.config import build_settings, cli_fields, env_name
-from openai_compat.settings import BACKENDS, ConfigError, Settings, engine_package
+from openai_compat.settings import BACKENDS, NATIVE, ConfigError, Settings, engine_package
 
 
 def _flag(name: str) -> str:
@@ -185,7 +185,7 @@ def download(settings: Settings) -> int:
                 where = export.folder / export.file_name
                 print(f"{model.served_name}: {model.engine} export -> {where}")
                 print(f"{model.served_name}: {fidelity.describe(fidelity.read(export.folder))}")
-            elif model.engine == "native" and model.backend != "torch":
+            elif model.engine == NATIVE and model.backend != "torch":
                 folder = _native_export(model, settings)
                 print(f"{model.served_name}: native {model.backend} export -> {folder}")
                 print(f"{model.served_name}: {fidelity.describe(fidelity.read(folder))}")

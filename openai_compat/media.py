@@ -360,4 +360,24 @@ def _decode(
         raise MediaError(
             index, f"audio is sampled at {info.samplerate} Hz; this model needs {sampling_rate} Hz"
         )
-    return raw
+    try:  # a header can be sound over a body that is not (it is read only now)
+        return DecodedAudio.of(raw)
+    except Exception:
+        raise MediaError(index, "the content is not an audio file we can decode") from None
+
+
+class DecodedAudio(bytes):
+    """An audio file's bytes (what infinity-emb takes), decoded once when it was validated:
+    its mono float32 samples and their rate (what sentence-transformers' preprocess takes)."""
+
+    samples: Any
+    rate: int
+
+    @classmethod
+    def of(cls, raw: bytes) -> DecodedAudio:
+        import soundfile
+
+        samples, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
+        audio = cls(raw)
+        audio.samples, audio.rate = samples.mean(axis=1), int(rate)
+        return audio

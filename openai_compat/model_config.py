@@ -200,7 +200,7 @@ class ModelConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _quantize_needs_a_backend(self) -> ModelConfig:
+    def _backend_and_quantize_apply(self) -> ModelConfig:
         if self.backend != "torch" and self.engine != NATIVE:
             raise ValueError(
                 f"backend applies to engine = 'native' only (or use engine = {self.backend!r})"
@@ -257,8 +257,7 @@ def parse_duration(value: Any, what: str) -> Any:
         return -1.0
     if value > MAX_DURATION_S:  # an int past float's range too (10**400)
         raise ValueError(
-            f"{what} must be at most {MAX_DURATION_S} seconds (about 31 years), or -1 for "
-            "forever"
+            f"{what} must be at most {MAX_DURATION_S} seconds (about 31 years), or -1 for forever"
         )
     return float(value)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from openai_compat.engine import adapter
 from openai_compat.registry import EngineFailure
-from openai_compat.settings import BACKENDS, BUILTIN_PREFIX, ModelConfig
+from openai_compat.settings import BACKENDS, BUILTIN_PREFIX, NATIVE, ModelConfig
 
 
 def _missing_folder(config: ModelConfig) -> str | None:
@@ -132,7 +132,7 @@ def check_options(config: ModelConfig) -> None:
             f"model {name!r}: engine = {config.engine!r} needs the {extra!r} extra, which is "
             f"not installed: pip install 'openai-compat[{extra}]'"
         )
-    if config.engine == "native" and config.backend != "torch":
+    if config.engine == NATIVE and config.backend != "torch":
         needed = _NATIVE_BACKENDS[config.backend]
         if config.backend == "openvino" and config.quantize:
             needed += ("nncf",)  # static int8 (ONNX's dynamic int8 is onnxruntime's own)

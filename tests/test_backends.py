@@ -144,11 +144,11 @@ def test_openvino_telemetry_is_declined_unless_tracking_is_on(
 
     original = OptInChecker.check
     monkeypatch.setenv("DO_NOT_TRACK", "1")  # what `openai-compat serve/download` sets
-    with backends._openvino_telemetry_declined():
+    with backends.openvino_telemetry_declined():
         assert OptInChecker().check(False, False) == ConsentCheckResult.DECLINED
     assert OptInChecker.check is original
     monkeypatch.setenv("DO_NOT_TRACK", "0")  # the user turned tracking on: OpenVINO decides
-    with backends._openvino_telemetry_declined():
+    with backends.openvino_telemetry_declined():
         assert OptInChecker.check is original
 
 

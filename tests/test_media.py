@@ -85,6 +85,33 @@ async def test_audio_is_checked_for_format_and_sampling_rate() -> None:
         await f.close()
 
 
+async def test_audio_is_decoded_once_and_a_corrupt_body_is_a_400() -> None:
+    """A header can be sound over a body that is not: the body is decoded when the item is
+    validated (the samples ride along for the native engine), not found broken in the engine."""
+    import io
+
+    import numpy as np
+    import soundfile
+
+    buf = io.BytesIO()
+    tone = (0.5 * np.sin(np.arange(16000) / 16000 * 2 * np.pi * 440)).astype(np.float32)
+    soundfile.write(buf, tone, 16000, format="FLAC")
+    flac = buf.getvalue()
+    corrupt = flac[:200] + b"\xff" * (len(flac) - 200)
+    assert soundfile.info(io.BytesIO(corrupt)).frames == 16000  # the header still reads
+    f = _fetcher()
+    try:
+        (good,) = await f.fetch_all([data_uri(flac, "audio/flac")], "audio", 16000)
+        assert bytes(good) == flac and good.rate == 16000
+        np.testing.assert_allclose(good.samples, soundfile.read(io.BytesIO(flac))[0], atol=1e-6)
+        with pytest.raises(BadRequest, match=r"input\[1\]: the content is not an audio file"):
+            await f.fetch_all(
+                [data_uri(flac, "audio/flac"), data_uri(corrupt, "audio/flac")], "audio", 16000
+            )
+    finally:
+        await f.close()
+
+
 async def test_loopback_urls_are_refused_by_default(file_server: tuple[str, Path]) -> None:
     url, root = file_server
     (root / "a.png").write_bytes(png())

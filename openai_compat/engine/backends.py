@@ -27,16 +27,17 @@ temporary folder and renamed into place, so a crash mid-export leaves no half ca
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from openai_compat.engine import int8
 from openai_compat.settings import BACKENDS, ModelConfig
@@ -44,6 +45,7 @@ from openai_compat.settings import BACKENDS, ModelConfig
 logger = logging.getLogger("openai_compat")
 
 Backend = Literal["onnx", "openvino"]
+T = TypeVar("T")
 OPTIMIZATION = "O3"  # ORT graph fusions incl. fast GELU; cosine to torch 1.0000 on MiniLM
 OPENVINO_FP32 = "openvino_model.xml"  # what sentence-transformers' save_pretrained writes
 OPENVINO_INT8 = "openvino_model_qint8_quantized.xml"  # sentence-transformers' naming
@@ -146,6 +148,59 @@ def _find(folder: Path, backend: str, quantize: str | None) -> str | None:
     return f"onnx/{found[0].name}" if found else None
 
 
+LABELS = {"onnx": "ONNX", "openvino": "OpenVINO"}
+
+
+def cache_folder(
+    export_dir: Path,
+    name: str,
+    source: str,
+    revision: str | None,
+    backend: str,
+    quantize: str | None,
+) -> Path:
+    """Where a served model's export is cached: its name and the export's key (_key)."""
+    return export_dir / f"{slug(name)}-{_key(source, revision, backend, quantize, export_dir)}"
+
+
+def export_once(
+    folder: Path,
+    *,
+    name: str,
+    backend: str,
+    quantize: str | None,
+    find: Callable[[Path], T | None],
+    make: Callable[[Path], None],
+    measure: Callable[[Path, T], None],
+) -> T:
+    """What `find` finds of the export in `folder`, made first if missing: `make(tmp)` writes
+    it into a temporary folder, `measure(tmp, found)` measures it there, and the folder is
+    renamed into place (a crash mid-export leaves no half cache; of two processes exporting
+    the same model the first to finish is kept). Blocking: seconds."""
+    found = find(folder)
+    if found is not None:
+        return found
+    label = LABELS[backend]
+    int8_label = " int8" if quantize else ""
+    logger.info("exporting %r to %s%s (once; cached in %s)", name, label, int8_label, folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        make(tmp)
+        made = find(tmp)
+        if made is not None:
+            measure(tmp, made)
+        with contextlib.suppress(OSError):  # another process finished the same export first
+            tmp.rename(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    found = find(folder)
+    if found is None:
+        raise RuntimeError(f"the {label} export of {name!r} produced no model file in {folder}")
+    return found
+
+
 def prepare(
     source: str,
     *,
@@ -158,39 +213,20 @@ def prepare(
     """The cached export for this model, made first if missing (blocking: seconds)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
-    folder = export_dir / f"{slug(name)}-{_key(source, revision, backend, quantize, export_dir)}"
     kind: Backend = "openvino" if backend == "openvino" else "onnx"
-    found = _find(folder, kind, quantize)
-    if found is not None:
-        return Export(folder, found, kind)
-    label = {"onnx": "ONNX", "openvino": "OpenVINO"}[backend]
-    logger.info(
-        "exporting %r to %s%s (once; cached in %s)",
-        name,
-        label,
-        " int8" if quantize else "",
+    exporter = _export_openvino if kind == "openvino" else _export_onnx
+    folder = cache_folder(export_dir, name, source, revision, backend, quantize)
+    found = export_once(
         folder,
+        name=name,
+        backend=kind,
+        quantize=quantize,
+        find=lambda f: _find(f, kind, quantize),
+        make=lambda tmp: exporter(source, revision, quantize, tmp),
+        measure=lambda tmp, made: _measure_fidelity(
+            source, revision, Export(tmp, made, kind), quantize
+        ),
     )
-    export_dir.mkdir(parents=True, exist_ok=True)
-    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        if backend == "openvino":
-            _export_openvino(source, revision, quantize, tmp)
-        else:
-            _export_onnx(source, revision, quantize, tmp)
-        made = _find(tmp, kind, quantize)
-        if made is not None:
-            _measure_fidelity(source, revision, Export(tmp, made, kind), quantize)
-        try:
-            tmp.rename(folder)
-        except OSError:  # another process finished the same export first
-            shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    found = _find(folder, kind, quantize)
-    if found is None:
-        raise RuntimeError(f"the {label} export of {name!r} produced no model file in {folder}")
     return Export(folder, found, kind)
 
 
@@ -208,7 +244,7 @@ def _export_onnx(source: str, revision: str | None, quantize: str | None, tmp: P
 def _export_openvino(source: str, revision: str | None, quantize: str | None, tmp: Path) -> None:
     from sentence_transformers import SentenceTransformer
 
-    with _openvino_telemetry_declined():
+    with openvino_telemetry_declined():
         model = SentenceTransformer(source, backend="openvino", device="cpu", revision=revision)
         model.save_pretrained(str(tmp))
         if quantize:
@@ -225,7 +261,7 @@ def _quantize_openvino(module: Any, target: Path) -> None:
 
 
 @contextmanager
-def _openvino_telemetry_declined() -> Iterator[None]:
+def openvino_telemetry_declined() -> Iterator[None]:
     """OpenVINO's converter and NNCF report usage to Intel unless the user opted out (their
     consent file). Like infinity-emb's reporting (cli.py), it stays off unless the user has
     turned tracking on (DO_NOT_TRACK unset or 0)."""
@@ -282,7 +318,7 @@ def _sentence_transformer(export: Export, threads: int, dtype: str) -> Any:
 
     kwargs: dict[str, Any] = {"file_name": export.file_name}
     kwargs.update(runtime_options(export.backend, threads, dtype))
-    with _openvino_telemetry_declined():
+    with openvino_telemetry_declined():
         return SentenceTransformer(
             str(export.folder), backend=export.backend, device="cpu", model_kwargs=kwargs
         )

@@ -19,10 +19,7 @@ Text embedders only (one vector per input): other kinds run on torch.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +37,33 @@ _EXPORTER = "native-1"  # part of every cache key, beside backends.RECIPE
 
 def serve_exported(model: Any, config: Any, export_dir: Path, threads: int) -> Path:
     """Run `model`'s encoder (a SentenceTransformer text embedder) on `config.backend`'s
-    export, made and measured first if it is not cached. Returns the export's folder."""
+    export, made and measured first if it is not cached (backends.export_once). Returns the
+    export's folder."""
     backend, quantize = config.backend, config.quantize
     _check_exportable(model)
-    key = backends._key(
-        config.source, config.revision, f"{_EXPORTER}-{backend}", quantize, export_dir
+    folder = backends.cache_folder(
+        export_dir,
+        config.served_name,
+        config.source,
+        config.revision,
+        f"{_EXPORTER}-{backend}",
+        quantize,
     )
-    folder = export_dir / f"{backends.slug(config.served_name)}-{key}"
-    graph = _find(folder, backend, quantize)
-    if graph is None:
-        graph = _export(model, config, folder, threads)
+    exporter = _export_openvino if backend == "openvino" else _export_onnx
+
+    def make(tmp: Path) -> None:
+        tmp.mkdir()
+        exporter(model, tmp, quantize)
+
+    graph = backends.export_once(
+        folder,
+        name=config.served_name,
+        backend=backend,
+        quantize=quantize,
+        find=lambda f: _find(f, backend, quantize),
+        make=make,
+        measure=lambda _tmp, made: _measure(model, config, made, threads),
+    )
     model[0].model = _runtime(model, graph, backend, threads, config.dtype)
     return folder
 
@@ -82,56 +96,30 @@ def _find(folder: Path, backend: str, quantize: str | None) -> Path | None:
     return found[0] if found and found[0].is_file() else None
 
 
-def _export(model: Any, config: Any, folder: Path, threads: int) -> Path:
-    """Export into a temporary folder, measure it, rename it into place (a crash mid-export
-    leaves no half cache; a concurrent export of the same model keeps the first)."""
-    label = {"onnx": "ONNX", "openvino": "OpenVINO"}[config.backend]
-    int8 = " int8" if config.quantize else ""
-    logger.info(
-        "exporting %r to %s%s (once; cached in %s)", config.served_name, label, int8, folder
-    )
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        if config.backend == "openvino":
-            _export_openvino(model, tmp, config.quantize)
-        else:
-            _export_onnx(model, tmp, config.quantize)
-        made = _find(tmp, config.backend, config.quantize)
-        if made is None:
-            raise RuntimeError(f"the {label} export of {config.served_name!r} made no model file")
-        _measure(model, config, made, threads)
-        with contextlib.suppress(OSError):  # another process finished the same export first
-            tmp.rename(folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    found = _find(folder, config.backend, config.quantize)
-    if found is None:
-        raise RuntimeError(f"the {label} export of {config.served_name!r} is not in {folder}")
-    return found
+def _positional(encoder: Any, names: list[str]) -> Any:
+    """The encoder as a module of positional token tensors (what the tracer takes), answering
+    `last_hidden_state`."""
+    import torch
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, *tensors: Any) -> Any:
+            return self.encoder(**dict(zip(names, tensors, strict=True))).last_hidden_state
+
+    return Encoder().eval()
 
 
-class _ByPosition:
-    """The encoder as a function of positional token tensors (what both tracers take)."""
-
-    def __init__(self, encoder: Any, names: list[str]) -> None:
-        import torch
-
-        class Encoder(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.encoder = encoder
-
-            def forward(self, *tensors: Any) -> Any:
-                return self.encoder(**dict(zip(names, tensors, strict=True))).last_hidden_state
-
-        self.module = Encoder().eval()
+def _input_names(model: Any) -> list[str]:
+    """The encoder inputs the tokenizer gives, in its order (the graph's inputs)."""
+    return [n for n in model.tokenizer.model_input_names if n in _INPUTS]
 
 
 def _sample(model: Any) -> tuple[list[str], dict[str, Any]]:
-    names = [n for n in model.tokenizer.model_input_names if n in _INPUTS]
+    """The input names and a padded two-input batch of them, to trace with."""
+    names = _input_names(model)
     sample = model.tokenizer(["a sample input", "b"], padding=True, return_tensors="pt")
     return names, {n: sample[n] for n in names}
 
@@ -146,7 +134,7 @@ def _trace_onnx(model: Any, folder: Path) -> Path:
     raw = folder / "model.onnx"
     with torch.inference_mode():
         torch.onnx.export(
-            _ByPosition(model.transformers_model, names).module,
+            _positional(model.transformers_model, names),
             tuple(sample.values()),
             str(raw),
             input_names=names,
@@ -180,7 +168,7 @@ def _export_openvino(model: Any, folder: Path, quantize: str | None) -> None:
     import openvino
 
     raw = _trace_onnx(model, folder)
-    with backends._openvino_telemetry_declined():
+    with backends.openvino_telemetry_declined():
         graph = openvino.convert_model(str(raw))
         if quantize:
             graph = int8.quantize_openvino_graph(graph, model.tokenizer, model.max_seq_length)
@@ -213,13 +201,13 @@ def _runtime(model: Any, graph: Path, backend: str, threads: int, dtype: str) ->
     import numpy as np
     import torch
 
-    names, _ = _sample(model)
+    names = _input_names(model)
     config = model.transformers_model.config
     if backend == "openvino":
         import openvino
 
         options = backends.runtime_options("openvino", threads, dtype)["ov_config"]
-        with backends._openvino_telemetry_declined():
+        with backends.openvino_telemetry_declined():
             compiled = openvino.Core().compile_model(str(graph), "CPU", options)
 
         def run(feed: dict[str, np.ndarray]) -> np.ndarray:
@@ -240,7 +228,6 @@ def _runtime(model: Any, graph: Path, backend: str, threads: int, dtype: str) ->
         def __init__(self) -> None:
             super().__init__()
             self.config = config  # what the server reads of a model (limits, sizes)
-            self.backend = backend
 
         def forward(self, **inputs: Any) -> dict[str, Any]:
             ids = inputs["input_ids"]

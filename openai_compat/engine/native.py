@@ -231,19 +231,18 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
         modalities = set(getattr(model, "modalities", None) or ["text"])
         kind = "clip" if "image" in modalities else "clap" if "audio" in modalities else "embedder"
         multivector = kind == "embedder" and bool(archs) and "colbert" in archs[0].lower()
-    backend = getattr(config, "backend", "torch")
-    if backend != "torch":
+    exported: Path | None = None
+    if config.backend != "torch":
         if kind != "embedder" or multivector:
             raise ValueError(
-                f"backend = {backend!r} serves text embedding models only; this is a "
+                f"backend = {config.backend!r} serves text embedding models only; this is a "
                 f"{kind} model (serve it with backend = 'torch')"
             )
         from openai_compat.engine.exported import serve_exported
         from openai_compat.settings import default_export_dir
 
-        folder = serve_exported(model, config, export_dir or default_export_dir(), threads)
-    runner = TextRunner(model, kind, threads, multivector=multivector)
-    runner.exported = folder if backend != "torch" else None
+        exported = serve_exported(model, config, export_dir or default_export_dir(), threads)
+    runner = TextRunner(model, kind, threads, multivector=multivector, exported=exported)
     return NativeEngine(
         runner,
         name=config.served_name,

@@ -15,7 +15,6 @@ equal the library's own `encode`/`predict` (tests/test_native_engine.py).
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,11 +41,16 @@ class Row:
     length: int
     shared: dict[str, Any] = field(default_factory=dict)
     tokens: bool = True  # token rows are padded to a batch; pixel or audio rows are stacked
+    # Rows with the same group can share one forward pass (group_of; set when the row is
+    # made, on the preparation thread, so the forward thread only compares it).
+    group: tuple[Any, ...] = ()
 
-    def group(self) -> tuple[Any, ...]:
-        """Rows that can share one forward pass have the same group."""
-        shapes = () if self.tokens else tuple(tuple(t.shape) for t in self.tensors.values())
-        return (self.tokens, tuple(sorted((k, repr(v)) for k, v in self.shared.items())), shapes)
+
+def group_of(shared: dict[str, Any], tensors: dict[str, Any] | None = None) -> tuple[Any, ...]:
+    """The group of token rows with these per-batch keys, or (given an input's tensors) of a
+    pixel or audio row: those stack only with rows of the same shapes."""
+    shapes = () if tensors is None else tuple(tuple(t.shape) for t in tensors.values())
+    return (tensors is None, tuple(sorted((k, repr(v)) for k, v in shared.items())), shapes)
 
 
 def split_rows(
@@ -69,12 +73,18 @@ def split_rows(
     if any(isinstance(v, torch.Tensor) for v in shared.values()):
         raise ValueError("this model's inputs are not rows of one input each")
     if mask is None:
-        rows = [Row({k: v[i] for k, v in per_row.items()}, cost, shared, False) for i in range(n)]
+        rows = []
+        for i in range(n):
+            whole = {k: v[i] for k, v in per_row.items()}
+            rows.append(Row(whole, cost, shared, False, group_of(shared, whole)))
         return rows, shared
+    group = group_of(shared)
     rows = []
     for i, length in enumerate(mask.sum(dim=1).tolist()):
         cut = slice(width - length, width) if left else slice(0, length)
-        rows.append(Row({k: v[i, cut] for k, v in per_row.items()}, int(length), shared))
+        rows.append(
+            Row({k: v[i, cut] for k, v in per_row.items()}, int(length), shared, True, group)
+        )
     return rows, shared
 
 
@@ -102,24 +112,21 @@ def collate(rows: Sequence[Row], shared: dict[str, Any], pad_id: int, left: bool
     return out
 
 
-def decode_audio(raw: bytes) -> dict[str, Any]:
-    """An audio file (validated by media.py) -> the mono float32 samples and their rate, the
-    form sentence-transformers' audio preprocess takes."""
-    import soundfile
-
-    samples, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
-    return {"array": samples.mean(axis=1), "sampling_rate": int(rate)}
-
-
 class TextRunner:
     """One sentence-transformers model: prepare on any (one) thread, run on the forward
     thread only (scheduler.Scheduler)."""
 
-    def __init__(self, model: Any, kind: TextKind, threads: int, multivector: bool = False):
+    def __init__(
+        self,
+        model: Any,
+        kind: TextKind,
+        threads: int,
+        multivector: bool = False,
+        exported: Path | None = None,
+    ):
         self.model, self.kind, self.threads = model, kind, threads
         self.multivector = multivector
-        # The export's folder where the forward pass runs on one (engine/exported.py).
-        self.exported: Path | None = None
+        self.exported = exported  # the export's folder, where one runs the forward pass
         tokenizer = model.tokenizer
         self.tokenizer = tokenizer
         self.left = getattr(tokenizer, "padding_side", "right") == "left"
@@ -129,6 +136,7 @@ class TextRunner:
         # once, here, for rows made from token ids.
         probe = ("probe", "probe") if kind in ("crossencoder", "classifier") else "probe"
         self._shared = split_rows(model.preprocess([probe]), self.left)[1]
+        self._group = group_of(self._shared)
         config = getattr(model.transformers_model, "config", None)
         self.sparse_size: int | None = None  # a SPLADE model's vector size: its vocabulary
         if kind == "sparse":
@@ -154,7 +162,7 @@ class TextRunner:
         if given:
             batch = [inputs[i] for i in given]
             if self.kind == "clap" and isinstance(batch[0], bytes | bytearray):
-                batch = [decode_audio(bytes(b)) for b in batch]
+                batch = [_audio(b) for b in batch]
             features = self.model.preprocess(batch)
             made, _ = split_rows(features, self.left, self._cost(features))
             for i, row in zip(given, made, strict=True):
@@ -180,7 +188,7 @@ class TextRunner:
         tensors["attention_mask"] = torch.ones(n, dtype=torch.long)
         if "token_type_ids" in self.input_names:
             tensors["token_type_ids"] = torch.zeros(n, dtype=torch.long)
-        return Row(tensors, n, self._shared)
+        return Row(tensors, n, self._shared, True, self._group)
 
     # ------------------------------------------------------------ the forward thread
 
@@ -195,7 +203,7 @@ class TextRunner:
         in one pass (a SPLADE model's in chunks that bound its logits), results in order."""
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, row in enumerate(rows):
-            groups.setdefault(row.group(), []).append(i)
+            groups.setdefault(row.group, []).append(i)
         results: list[Any] = [None] * len(rows)
         for indices in groups.values():
             step = len(indices)
@@ -246,3 +254,12 @@ class TextRunner:
         if matrix.ndim == 1:
             matrix = matrix[:, None]
         return list(matrix)
+
+
+def _audio(raw: bytes) -> dict[str, Any]:
+    """An audio file -> the samples and rate sentence-transformers' preprocess takes: decoded
+    when media.py validated it (DecodedAudio), else here, once."""
+    from openai_compat.media import DecodedAudio
+
+    audio = raw if isinstance(raw, DecodedAudio) else DecodedAudio.of(bytes(raw))
+    return {"array": audio.samples, "sampling_rate": audio.rate}
