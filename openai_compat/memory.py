@@ -9,7 +9,8 @@ import gc
 import itertools
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,45 @@ def trim() -> None:
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+# glibc's mallopt parameters and the two thresholds we use. Blocks of at least the mmap
+# threshold get mappings of their own, returned to the system when freed; smaller ones come
+# from the arenas, where freed memory stays unless whole pages at an arena's top are free.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MAPPED = 128 * 1024  # glibc's starting threshold
+_RUNNING = 32 * 2**20  # where glibc's dynamic threshold ends up (DEFAULT_MMAP_THRESHOLD_MAX)
+
+
+def _operator_tuned() -> bool:
+    return "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in os.environ.get(
+        "GLIBC_TUNABLES", ""
+    )
+
+
+@contextmanager
+def weights_mapped() -> Iterator[None]:
+    """While a model loads: each allocation of 128 KiB or more (every weight matrix) gets a
+    mapping of its own, so unloading the model gives it back to the system whole.
+
+    glibc's default raises its mmap threshold each time a mapped block is freed (up to
+    32 MiB), so after the first unload the next model's weights land in the arenas between
+    the small allocations of requests and threads, and stay resident after it is unloaded
+    too (measured: 6 models churning on 2 slots, RSS at rest 1026 MiB against 767 with this;
+    tests/test_e2e_model_pool.py). Outside loads the threshold is fixed at 32 MiB, where the
+    dynamic one settles anyway: a low threshold for every forward pass's activations costs
+    about 25% throughput (a mapping and fresh zeroed pages per tensor). An operator who set
+    MALLOC_MMAP_THRESHOLD_ or the glibc tunable keeps their choice."""
+    libc = _libc()
+    if libc is None or _operator_tuned():
+        yield
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, _MAPPED)
+    try:
+        yield
+    finally:
+        libc.mallopt(_M_MMAP_THRESHOLD, _RUNNING)
+        libc.mallopt(_M_TRIM_THRESHOLD, 2 * _RUNNING)  # as glibc's dynamic rule would set it
 
 
 def freeze_imports() -> None:

@@ -252,7 +252,8 @@ class ModelPool:
         memory.trim()
         before = memory.rss()
         started = time.perf_counter()
-        entry = await self.loader(slot.config)
+        with memory.weights_mapped():
+            entry = await self.loader(slot.config)
         slot.load_seconds = time.perf_counter() - started
         memory.trim()  # both readings trimmed: the load's freed scratch is not kept
         after = memory.rss()
