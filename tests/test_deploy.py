@@ -192,7 +192,8 @@ def test_cerebrium_entrypoint_boots_with_the_offline_config() -> None:
 def test_dockerfile_runs_the_same_cli() -> None:
     text = (ROOT / "Dockerfile").read_text()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
-    assert re.match(r"FROM python:3\.1[0-3]", lines[0])
+    assert re.fullmatch(r"ARG BASE_IMAGE=python:3\.1[1-3]-slim", lines[0])  # the official base
+    assert lines[1] == "FROM ${BASE_IMAGE}"  # or a local one (scripts/check_image.py)
     exposed = {int(p) for ln in lines if ln.startswith("EXPOSE") for p in ln.split()[1:]}
     port_env = re.search(r"OPENAI_COMPAT_PORT=(\d+)", text)
     assert port_env and int(port_env.group(1)) in exposed
@@ -206,3 +207,22 @@ def test_dockerfile_runs_the_same_cli() -> None:
         if ln.startswith("COPY"):
             for src in ln.split()[1:-1]:
                 assert (ROOT / src).exists(), src
+
+
+def test_dockerfile_builds_a_cpu_image_for_a_user_and_two_volumes() -> None:
+    """What scripts/check_image.py proves by running the image, in the text CI always reads."""
+    text = (ROOT / "Dockerfile").read_text()
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
+    assert re.search(r'pip install "\$TORCH_SPEC" --index-url "\$TORCH_INDEX_URL"', text)
+    users = re.findall(r"^USER (\S+)", text, re.M)
+    assert users and users[-1] not in ("root", "0")  # the server's user is the last one set
+    assert 'VOLUME ["/models", "/data"]' in text
+    assert "HF_HOME=/models" in text and "OPENAI_COMPAT_DATA_DIR=/data" in text
+    (check,) = re.findall(r"^HEALTHCHECK .*\n.*", text, re.M)
+    assert "/health" in check
+    # the build context is an allow-list (no .venv, .git or test artifacts): exactly what the
+    # COPY lines take
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    rules = [r.strip() for r in lines if r.strip() and not r.startswith("#")]
+    copied = {src for ln in text.splitlines() if ln.startswith("COPY") for src in ln.split()[1:-1]}
+    assert rules[0] == "*" and {r[1:] for r in rules if r.startswith("!")} == copied
