@@ -34,7 +34,7 @@ from openai_compat.lifecycle import in_daemon_thread
 from openai_compat.preflight import check_options
 from openai_compat.prompts import Prompts
 from openai_compat.registry import Capability, EngineFailure, ModelEntry, Registry
-from openai_compat.settings import BACKENDS, NATIVE, ModelConfig, default_export_dir
+from openai_compat.settings import BACKENDS, ModelConfig, default_export_dir, runs_natively
 from openai_compat.token_ids import Cl100kDecoder, ModelTokenIdDecoder
 from openai_compat.tokens import TokenCounter
 
@@ -81,7 +81,7 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
     """Build (load weights of) one engine: the native one (engine = "native") or infinity-emb's.
     Blocking: run it in a thread."""
     check_options(config)
-    if config.engine == NATIVE:
+    if runs_natively(config.engine):
         return _create_native(config, export_dir or default_export_dir())
     from infinity_emb import AsyncEmbeddingEngine
 
@@ -255,7 +255,7 @@ async def describe(
         # waves for infinity-emb, whose queue batches as soon as anything arrives.
         feeder=Feeder(engine, config.batch_size)
         if config.wave_batching
-        and config.engine != NATIVE
+        and not adapter.is_native(engine)
         and ("embed" in native or sparse_size is not None)
         else None,
     )

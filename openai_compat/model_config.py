@@ -3,6 +3,7 @@ floor beside settings.py: it imports nothing else of the package."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
@@ -22,12 +23,25 @@ DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 BACKENDS: tuple[str, ...] = ("onnx", "openvino")
 # Our own engine (engine/native.py): sentence-transformers 6 with our scheduler.
 NATIVE = "native"
+# The model-free engine (fixed vectors): infinity-emb's where it is installed, else ours
+# (engine/debug.py), which gives the same answers.
+DEBUG_ENGINE = "debugengine"
+
+
+def infinity_installed() -> bool:
+    return importlib.util.find_spec("infinity_emb") is not None
+
+
+def runs_natively(engine: str) -> bool:
+    """Whether a model configured with this engine runs on the native engine."""
+    return engine == NATIVE or (engine == DEBUG_ENGINE and not infinity_installed())
 
 
 def engine_package(engines: Iterable[str]) -> str:
     """The package whose import (torch, transformers: seconds) to start early for models on
     these engines: infinity-emb if any model runs on it, else sentence-transformers."""
-    return "sentence_transformers" if all(e == NATIVE for e in engines) else "infinity_emb"
+    native = all(runs_natively(e) for e in engines)
+    return "sentence_transformers" if native else "infinity_emb"
 
 
 class ConfigError(ValueError):

@@ -29,6 +29,7 @@ from openai_compat.model_config import (
     engine_package,
     parse_model_spec,
     parse_size,
+    runs_natively,
 )
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "default_served_name",
     "engine_package",
     "parse_model_spec",
+    "runs_natively",
 ]
 
 ENV_PREFIX = "OPENAI_COMPAT_"

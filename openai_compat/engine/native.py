@@ -30,9 +30,11 @@ from typing import Any
 import numpy as np
 
 from openai_compat.engine import folders
+from openai_compat.engine.debug import DebugRunner
 from openai_compat.engine.priority import in_background
 from openai_compat.engine.scheduler import EngineStopped, Scheduler
 from openai_compat.engine.text import TextKind, TextRunner
+from openai_compat.model_config import DEBUG_ENGINE
 
 _CAPABILITIES: dict[TextKind, set[str]] = {
     "embedder": {"embed"},
@@ -59,7 +61,7 @@ class NativeEngine:
 
     def __init__(
         self,
-        runner: TextRunner,
+        runner: TextRunner | DebugRunner,
         *,
         name: str,
         batch_size: int,
@@ -202,7 +204,15 @@ def _architectures(source: str, revision: str | None, trust_remote_code: bool) -
 
 def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEngine:
     """Build (load the weights of) the engine for one configured model, its forward pass on
-    torch or on an export (`config.backend`; exported.py). Blocking."""
+    torch or on an export (`config.backend`; exported.py); `engine = "debugengine"`: no model
+    at all (debug.py). Blocking."""
+    if config.engine == DEBUG_ENGINE:
+        return NativeEngine(
+            DebugRunner(),
+            name=config.served_name,
+            batch_size=config.batch_size,
+            max_batch_tokens=config.max_batch_tokens,
+        )
     source = str(config.source)
     archs = _architectures(source, config.revision, config.trust_remote_code)
     device = None if config.device == "auto" else config.device

@@ -25,12 +25,12 @@ from typing import Any, cast
 import numpy as np
 
 from openai_compat import logs
-from openai_compat.engine.feeder import in_background
+from openai_compat.engine.priority import in_background
 from openai_compat.engine.usage import TokenCountedArray
 from openai_compat.errors import ServiceUnavailable
 from openai_compat.ray_serve.metrics import RayMetricsExport
 from openai_compat.registry import ModelEntry, Registry
-from openai_compat.settings import ModelConfig, Settings
+from openai_compat.settings import ModelConfig, Settings, engine_package
 from openai_compat.sparse import SparseVector
 from openai_compat.token_ids import Cl100kDecoder, ModelTokenIdDecoder
 from openai_compat.tokens import TokenCounter
@@ -203,12 +203,14 @@ ENTRY_FIELDS = (
 
 
 async def worker_start(settings: Settings) -> None:
-    """The start of every replica (model, ingress, batch server): import the engine's package
-    off the loop (the request path needs its exception types: not seconds into the first
-    request), then our logging, as a Ray worker is not started by our CLI. The import installs
-    infinity-emb's Rich console handler, hence after it; onto the process's own stderr (Ray's
-    worker log), which Serve may have swapped for its logger."""
-    await asyncio.to_thread(importlib.import_module, "infinity_emb")
+    """The start of every replica (model, ingress, batch server): import the package of the
+    configured models' engine off the loop (the request path needs its exception types: not
+    seconds into the first request; infinity-emb only where a model runs on it), then our
+    logging, as a Ray worker is not started by our CLI. infinity-emb's import installs its Rich
+    console handler, hence after it; onto the process's own stderr (Ray's worker log), which
+    Serve may have swapped for its logger."""
+    package = engine_package(c.engine for c in settings.served_models())
+    await asyncio.to_thread(importlib.import_module, package)
     logs.configure(settings.log_level, settings.log_format, sys.__stderr__)
 
 

@@ -1,0 +1,81 @@
+"""The model-free engine on the native engine (engine/debug.py): infinity-emb's debugengine
+answers, through our scheduler, chosen wherever infinity-emb is not installed. Runs in both CI
+environments; where infinity-emb is installed its DummyTransformer is the reference."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from openai_compat import model_config
+from openai_compat.engine import native
+from openai_compat.engine.debug import DebugRunner
+
+TEXTS = ["abc", "hello", "", "a longer sentence of some words", *(f"t{i}" * i for i in range(20))]
+
+
+def _config(**kw: Any) -> Any:
+    base = dict(engine="debugengine", served_name="debug", batch_size=32, max_batch_tokens=16384)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def _embed_all(engine: native.NativeEngine, groups: list[list[str]]) -> list[Any]:
+    async def main() -> list[Any]:
+        await engine.astart()
+        try:  # callers at once: their inputs share batches
+            return list(await asyncio.gather(*(engine.embed(g) for g in groups)))
+        finally:
+            await engine.astop()
+
+    return asyncio.run(main())
+
+
+def test_vectors_and_usage_are_infinitys_debugengine() -> None:
+    engine = native.load(_config(), threads=1)
+    assert isinstance(engine.runner, DebugRunner) and engine.capabilities == {"embed"}
+    groups = [TEXTS[i : i + 3] for i in range(0, len(TEXTS), 3)]
+    answers = _embed_all(engine, groups)
+    for group, (vectors, usage) in zip(groups, answers, strict=True):
+        assert usage == sum(len(t) for t in group)  # characters, as infinity-emb counts them
+        for text, vector in zip(group, vectors, strict=True):
+            np.testing.assert_array_equal(vector, np.full(13, float(len(text))))
+            assert vector.tokens == len(text)
+    assert engine.scheduler.stats.inputs == len(TEXTS)
+
+
+def test_the_same_numbers_as_infinity_embs_dummy_transformer() -> None:
+    dummy = pytest.importorskip("infinity_emb.transformer.embedder.dummytransformer")
+    theirs = dummy.DummyTransformer.encode_core(None, np.asarray(TEXTS))
+    ((ours, _),) = _embed_all(native.load(_config(), threads=1), [TEXTS])
+    np.testing.assert_array_equal(np.stack(ours), theirs)
+
+
+def test_the_token_budget_applies_to_character_counts() -> None:
+    engine = native.load(_config(max_batch_tokens=20), threads=1)
+    batches: list[list[int]] = []
+    inner = engine.runner.run
+
+    def spy(rows: Any) -> Any:
+        batches.append([r.length for r in rows])
+        return inner(rows)
+
+    engine.runner.run = spy  # type: ignore[method-assign]
+    texts = ["x" * 10] * 6
+    ((vectors, _),) = _embed_all(engine, [texts])
+    assert batches == [[10, 10]] * 3 and len(vectors) == 6
+
+
+def test_debugengine_is_native_exactly_where_infinity_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(model_config, "infinity_installed", lambda: False)
+    assert model_config.runs_natively("debugengine") and model_config.runs_natively("native")
+    assert model_config.engine_package(["debugengine", "native"]) == "sentence_transformers"
+    assert not model_config.runs_natively("torch")
+    monkeypatch.setattr(model_config, "infinity_installed", lambda: True)
+    assert not model_config.runs_natively("debugengine")
+    assert model_config.engine_package(["debugengine"]) == "infinity_emb"
