@@ -41,6 +41,7 @@ TEXTS = [
 
 def config(source: Path | str, **kw: Any) -> Any:
     base = dict(
+        engine="native",
         source=str(source),
         revision=None,
         trust_remote_code=False,
