@@ -188,6 +188,25 @@ def test_max_batch_tokens_bounds_every_batch(models: dict[str, Path]) -> None:
     assert np.max(np.abs(np.stack(vectors) - reference)) < 1e-5
 
 
+def test_pooling_method_and_late_chunking_read_the_librarys_pooling(
+    models: dict[str, Path],
+) -> None:
+    """sentence-transformers 6 names a Pooling's mode in one attribute (3.x had a flag per
+    mode, which 6 ignores): pooling_method = "cls" gives the CLS token's vector, and late
+    chunking sees the mode it pools with."""
+    from openai_compat.engine import late, pooling
+
+    engine = native.load(config(models["minilm"]), threads=1)
+    assert late.pooling_mode(engine) == "mean"
+    tokens = engine.model.encode(TEXTS[:3], output_value="token_embeddings")
+    pooling.apply_pooling(engine, "cls")
+    assert late.pooling_mode(engine) == "cls"
+    vectors, _ = run(engine, lambda: engine.embed(TEXTS[:3]))
+    cls = np.stack([t[0].float().numpy() for t in tokens])
+    cls /= np.linalg.norm(cls, axis=1, keepdims=True)
+    assert np.max(np.abs(np.stack(vectors) - cls)) < 1e-5
+
+
 def test_rerank_equals_cross_encoder_predict(models: dict[str, Path]) -> None:
     engine = native.load(config(models["reranker"]), threads=2)
     assert engine.capabilities == {"rerank"}

@@ -24,7 +24,10 @@ def pooling_mode(replica: Any) -> str | None:
 
     for module in sentence_transformer(replica):
         if isinstance(module, Pooling):
-            return str(module.get_pooling_mode_str())
+            mode = getattr(module, "pooling_mode", None)  # sentence-transformers >= 6
+            if mode is None:  # 3.x (infinity-emb's pin) names it through a method
+                return str(module.get_pooling_mode_str())
+            return "+".join(mode) if isinstance(mode, list | tuple) else str(mode)
     return None
 
 

@@ -45,5 +45,8 @@ def apply_pooling(replica: Any, method: str, *, sparse: bool = False) -> None:
             f"pooling_method needs exactly one Pooling module in the model, found {len(poolers)}"
         )
     (pooler,) = poolers
-    for flag in _FLAGS:
+    if hasattr(pooler, "pooling_mode"):  # sentence-transformers >= 6: one attribute, read
+        pooler.pooling_mode = method  # at each forward ("cls", "mean"), no flags
+        return
+    for flag in _FLAGS:  # 3.x (infinity-emb's pin): a flag per mode
         setattr(pooler, flag, flag == METHODS[method])
