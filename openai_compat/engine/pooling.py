@@ -46,7 +46,8 @@ def apply_pooling(replica: Any, method: str, *, sparse: bool = False) -> None:
         )
     (pooler,) = poolers
     if hasattr(pooler, "pooling_mode"):  # sentence-transformers >= 6: one attribute, read
-        pooler.pooling_mode = method  # at each forward ("cls", "mean"), no flags
+        module: Any = pooler  # at each forward ("cls", "mean"), no flags
+        module.pooling_mode = method
         return
     for flag in _FLAGS:  # 3.x (infinity-emb's pin): a flag per mode
         setattr(pooler, flag, flag == METHODS[method])
