@@ -14,6 +14,7 @@ import pytest
 from openai_compat import model_config
 from openai_compat.engine import native
 from openai_compat.engine.debug import DebugRunner
+from tests.utils import record_batches
 
 TEXTS = ["abc", "hello", "", "a longer sentence of some words", *(f"t{i}" * i for i in range(20))]
 
@@ -56,14 +57,7 @@ def test_the_same_numbers_as_infinity_embs_dummy_transformer() -> None:
 
 def test_the_token_budget_applies_to_character_counts() -> None:
     engine = native.load(_config(max_batch_tokens=20), threads=1)
-    batches: list[list[int]] = []
-    inner = engine.runner.run
-
-    def spy(rows: Any) -> Any:
-        batches.append([r.length for r in rows])
-        return inner(rows)
-
-    engine.runner.run = spy  # type: ignore[method-assign]
+    batches = record_batches(engine)
     texts = ["x" * 10] * 6
     ((vectors, _),) = _embed_all(engine, [texts])
     assert batches == [[10, 10]] * 3 and len(vectors) == 6

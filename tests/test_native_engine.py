@@ -29,7 +29,7 @@ if int(st.__version__.split(".")[0]) < 6:
 
 from openai_compat.engine import native  # noqa: E402
 from openai_compat.engine.usage import TokenIds  # noqa: E402
-from tests.utils import RemoteServer  # noqa: E402
+from tests.utils import RemoteServer, record_batches  # noqa: E402
 
 TEXTS = [
     "A man is eating food.",
@@ -172,14 +172,7 @@ def test_the_forward_thread_uses_the_threads_it_is_given(models: dict[str, Path]
 
 def test_max_batch_tokens_bounds_every_batch(models: dict[str, Path]) -> None:
     engine = native.load(config(models["minilm"], batch_size=32, max_batch_tokens=64), 1)
-    batches: list[list[int]] = []
-    inner = engine.runner.run
-
-    def spy(rows: Any) -> Any:
-        batches.append([r.length for r in rows])
-        return inner(rows)
-
-    engine.runner.run = spy  # type: ignore[method-assign]
+    batches = record_batches(engine)
     vectors, _ = run(engine, lambda: engine.embed(TEXTS))
     assert sum(len(b) for b in batches) == len(TEXTS)
     assert all(len(b) == 1 or max(b) * len(b) <= 64 for b in batches)

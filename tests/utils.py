@@ -290,3 +290,16 @@ def haproxy_env(root: Path) -> dict[str, str]:
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
         "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
     }
+
+
+def record_batches(engine: Any) -> list[list[int]]:
+    """Spies on a native engine's forward thread: each batch it runs, as its rows' lengths."""
+    batches: list[list[int]] = []
+    inner = engine.runner.run
+
+    def spy(rows: Any) -> Any:
+        batches.append([r.length for r in rows])
+        return inner(rows)
+
+    engine.runner.run = spy
+    return batches
