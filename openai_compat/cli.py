@@ -12,7 +12,7 @@ from typing import Any
 
 from openai_compat import __version__, cpus, logs
 from openai_compat.config import build_settings, cli_fields, env_name
-from openai_compat.settings import BACKENDS, NATIVE, ConfigError, Settings, engine_package
+from openai_compat.settings import ConfigError, Settings, engine_package, runs_natively
 
 
 def _flag(name: str) -> str:
@@ -169,7 +169,7 @@ def download(settings: Settings) -> int:
     either."""
     from huggingface_hub import snapshot_download
 
-    from openai_compat.engine import backends, fidelity
+    from openai_compat.engine import fidelity
 
     failed = 0
     for model in settings.served_models():
@@ -180,14 +180,9 @@ def download(settings: Settings) -> int:
             else:
                 path = snapshot_download(source, revision=model.revision)
                 print(f"{model.served_name}: {source} -> {path}")
-            if model.engine in BACKENDS:
-                export = backends.prepare_for(model, settings.exports())
-                where = export.folder / export.file_name
-                print(f"{model.served_name}: {model.engine} export -> {where}")
-                print(f"{model.served_name}: {fidelity.describe(fidelity.read(export.folder))}")
-            elif model.engine == NATIVE and model.backend != "torch":
+            if runs_natively(model.engine) and model.backend != "torch":
                 folder = _native_export(model, settings)
-                print(f"{model.served_name}: native {model.backend} export -> {folder}")
+                print(f"{model.served_name}: {model.backend} export -> {folder}")
                 print(f"{model.served_name}: {fidelity.describe(fidelity.read(folder))}")
         except Exception as exc:  # offline, unknown repo, no space...: one line, not a trace
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -23,7 +23,6 @@ from openai_compat.compact import CALIBRATION_TEXTS, Quantizer
 from openai_compat.engine import (
     adapter,
     backends,
-    fidelity,
     infinity_hooks,
     native,
     pooling,
@@ -34,7 +33,12 @@ from openai_compat.lifecycle import in_daemon_thread
 from openai_compat.preflight import check_options
 from openai_compat.prompts import Prompts
 from openai_compat.registry import Capability, EngineFailure, ModelEntry, Registry
-from openai_compat.settings import BACKENDS, ModelConfig, default_export_dir, runs_natively
+from openai_compat.settings import (
+    ModelConfig,
+    default_export_dir,
+    infinity_installed,
+    runs_natively,
+)
 from openai_compat.token_ids import Cl100kDecoder, ModelTokenIdDecoder
 from openai_compat.tokens import TokenCounter
 
@@ -70,19 +74,21 @@ def engine_args(config: ModelConfig) -> Any:
         # Priorities by character length: our own counter does the real token counting.
         lengths_via_tokenize=False,
     )
-    if config.engine in BACKENDS:
-        # infinity-emb's torch embedder batches; its transformer is swapped for the export
-        # (create_engine), so the torch weights need no acceleration.
-        options.update(engine="torch", device="cpu", bettertransformer=False, compile=False)
     return EngineArgs(**options)
 
 
 def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
-    """Build (load weights of) one engine: the native one (engine = "native") or infinity-emb's.
-    Blocking: run it in a thread."""
+    """Build (load weights of) one engine: the native one, or infinity-emb's where the model
+    names one of its engines and it is installed. Blocking: run it in a thread."""
     check_options(config)
     if runs_natively(config.engine):
         return _create_native(config, export_dir or default_export_dir())
+    if not infinity_installed():
+        raise EngineFailure(
+            f"model {config.served_name!r}: engine = {config.engine!r} is one of infinity-emb's "
+            "engines, which is not installed here: use engine = 'native' (the default), or "
+            "install infinity-emb in an environment of its own (requirements/infinity.txt)"
+        )
     from infinity_emb import AsyncEmbeddingEngine
 
     try:
@@ -95,13 +101,6 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
         config.kind == "auto" and splade.is_masked_lm(config.source)
     )
     try:
-        if sparse and config.engine in BACKENDS:
-            raise ValueError(f"engine = {config.engine!r} cannot serve a sparse model")
-        if config.engine in BACKENDS:
-            export = backends.prepare_for(config, export_dir or default_export_dir())
-            fidelity.report(config.served_name, export.folder)
-            module = backends.load_module(export, cpus.engine_threads(), config.dtype)
-            adapter.use_transformer_module(replica, module)
         if sparse:
             splade.serve_sparse(replica, config.source, config.trust_remote_code)
         adapter.apply_max_length(replica, config.max_length)

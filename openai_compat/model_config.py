@@ -19,13 +19,18 @@ from pydantic import (
 
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
-# The exported CPU backends (engine/backends.py builds them); a setting's vocabulary.
+# The exported CPU backends (engine/exported.py builds them); a setting's vocabulary. As engine
+# names they are shorthands: engine = "onnx" is engine = "native" with backend = "onnx".
 BACKENDS: tuple[str, ...] = ("onnx", "openvino")
-# Our own engine (engine/native.py): sentence-transformers 6 with our scheduler.
+# Our own engine (engine/native.py): sentence-transformers 6 with our scheduler. The default.
 NATIVE = "native"
 # The model-free engine (fixed vectors): infinity-emb's where it is installed, else ours
 # (engine/debug.py), which gives the same answers.
 DEBUG_ENGINE = "debugengine"
+# infinity-emb's default engine, the default before the native engine: served by infinity-emb
+# where it is installed (requirements/infinity.txt), else by the native engine on torch, so
+# that configurations written for the old default keep working on the default install.
+TORCH = "torch"
 
 
 def infinity_installed() -> bool:
@@ -33,8 +38,12 @@ def infinity_installed() -> bool:
 
 
 def runs_natively(engine: str) -> bool:
-    """Whether a model configured with this engine runs on the native engine."""
-    return engine == NATIVE or (engine == DEBUG_ENGINE and not infinity_installed())
+    """Whether a model configured with this engine runs on the native engine: "native"; and
+    "torch" / "debugengine" where infinity-emb is not installed. Any other name ("optimum",
+    "ctranslate2"...) is one of infinity-emb's engines."""
+    if engine == NATIVE:
+        return True
+    return engine in (TORCH, DEBUG_ENGINE) and not infinity_installed()
 
 
 def engine_package(engines: Iterable[str]) -> str:
@@ -85,7 +94,7 @@ def builtin_model_path(name: str) -> str:
 
 
 class ModelConfig(BaseModel):
-    """One served model: where it comes from and how infinity-emb runs it."""
+    """One served model: where it comes from and how its engine runs it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -95,11 +104,11 @@ class ModelConfig(BaseModel):
     name: str | None = Field(None, description="Served model name (default: MODEL's last part).")
     aliases: tuple[str, ...] = Field((), description="Other names clients may use.")
     engine: str = Field(
-        "torch",
-        description="torch (infinity-emb's default), native (our own engine on "
-        "sentence-transformers 6: every model kind), onnx (ONNX Runtime "
-        "on CPU) or openvino (OpenVINO on CPU; both exported once and cached), or another "
-        "infinity-emb engine: optimum, debugengine...",
+        NATIVE,
+        description="native (the default: our own engine on sentence-transformers 6, every "
+        "model kind), onnx / openvino (native with backend = onnx / openvino), debugengine "
+        "(fixed vectors, no model), or one of infinity-emb's engines (torch, optimum...) where "
+        "infinity-emb is installed (requirements/infinity.txt; torch runs natively elsewhere).",
     )
     kind: Literal["auto", "dense", "sparse"] = Field(
         "auto",
@@ -141,11 +150,14 @@ class ModelConfig(BaseModel):
         "them over together, sorted by length into full batches (more throughput under "
         "load, no wait for a lone client); false: each request goes straight to the engine.",
     )
-    compile: bool = Field(False, description="torch.compile the model (torch engine).")
+    compile: bool = Field(
+        False, description="torch.compile the model's forward pass (backend = 'torch')."
+    )
     bettertransformer: bool = Field(
         False,
-        description="Swap in optimum's BetterTransformer layers (needs optimum < 2 with its "
-        "bettertransformer module; refused at start-up where it is not installed).",
+        description="infinity-emb's engines: swap in optimum's BetterTransformer layers "
+        "(needs optimum < 2; refused at start-up where it is not installed, and on the "
+        "native engine, which runs transformers' own SDPA attention).",
     )
     max_length: int | None = Field(
         None, ge=1, description="Cap on input tokens (default: the model's own maximum)."
@@ -190,6 +202,17 @@ class ModelConfig(BaseModel):
         "resources per replica.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_engine_names(cls, data: Any) -> Any:
+        """engine = "onnx" / "openvino" -> engine = "native" with that backend (one path)."""
+        if not isinstance(data, dict) or data.get("engine") not in BACKENDS:
+            return data
+        engine, backend = data["engine"], data.get("backend", "torch")
+        if backend not in ("torch", engine):
+            raise ValueError(f"engine = {engine!r} means backend = {engine!r}, not {backend!r}")
+        return {**data, "engine": NATIVE, "backend": engine}
+
     @field_validator("keep_alive", mode="before")
     @classmethod
     def _keep_alive_duration(cls, value: Any) -> Any:
@@ -215,17 +238,13 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _backend_and_quantize_apply(self) -> ModelConfig:
-        if self.backend != "torch" and self.engine != NATIVE:
+        if self.backend != "torch" and not runs_natively(self.engine):
             raise ValueError(
                 f"backend applies to engine = 'native' only (or use engine = {self.backend!r})"
             )
-        exported = self.engine in BACKENDS or self.backend != "torch"
-        if self.quantize is not None and not exported:
+        if self.quantize is not None and self.backend == "torch":
             names = " or ".join(repr(b) for b in BACKENDS)
-            raise ValueError(
-                f"quantize applies to engine = {names}, or to engine = 'native' with "
-                f"backend = {names}, only"
-            )
+            raise ValueError(f"quantize applies to backend = {names} (or engine = {names}) only")
         return self
 
     @model_validator(mode="after")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from openai_compat.engine import adapter
 from openai_compat.registry import EngineFailure
-from openai_compat.settings import BACKENDS, BUILTIN_PREFIX, NATIVE, ModelConfig
+from openai_compat.settings import BUILTIN_PREFIX, ModelConfig, runs_natively
 
 
 def _missing_folder(config: ModelConfig) -> str | None:
@@ -35,25 +35,11 @@ def _missing_folder(config: ModelConfig) -> str | None:
     )
 
 
-# engine -> (the extra that brings it, the modules it needs)
-_EXTRAS = {
-    "onnx": ("onnx", ("optimum.onnxruntime", "onnxruntime")),
-    "openvino": ("openvino", ("optimum.intel", "openvino")),
+# backend (engine/exported.py: no optimum) -> (the extra that brings it, the modules it needs)
+_BACKEND_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "onnx": ("onnx", ("onnx", "onnxruntime")),
+    "openvino": ("openvino", ("openvino", "onnx")),
 }
-# engine = "native"'s backends (engine/exported.py: no optimum) -> the modules they need
-_NATIVE_BACKENDS: dict[str, tuple[str, ...]] = {
-    "onnx": ("onnx", "onnxruntime"),
-    "openvino": ("openvino", "onnx"),
-}
-
-
-def _missing_extra(engine: str) -> str | None:
-    """The extra to install for a CPU backend whose libraries are missing (the libraries'
-    own hint names their packages, not ours)."""
-    if engine not in _EXTRAS:
-        return None
-    extra, modules = _EXTRAS[engine]
-    return extra if _missing_module(modules) else None
 
 
 def _missing_module(modules: tuple[str, ...]) -> str | None:
@@ -126,24 +112,23 @@ def check_options(config: ModelConfig) -> None:
             f"model {name!r}: revision = {config.revision!r} applies to model-hub ids; "
             f"{config.model!r} is a local folder (it has no revisions)"
         )
-    extra = _missing_extra(config.engine)
-    if extra is not None:
-        raise EngineFailure(
-            f"model {name!r}: engine = {config.engine!r} needs the {extra!r} extra, which is "
-            f"not installed: pip install 'openai-compat[{extra}]'"
-        )
-    if config.engine == NATIVE and config.backend != "torch":
-        needed = _NATIVE_BACKENDS[config.backend]
+    native = runs_natively(config.engine)
+    if native and config.backend != "torch":
+        extra, needed = _BACKEND_EXTRAS[config.backend]
         if config.backend == "openvino" and config.quantize:
             needed += ("nncf",)  # static int8 (ONNX's dynamic int8 is onnxruntime's own)
         module = _missing_module(needed)
         if module is not None:
             raise EngineFailure(
                 f"model {name!r}: backend = {config.backend!r} needs the {module!r} package, "
-                f"which is not installed (requirements/native.txt lists it)"
+                f"which is not installed: pip install 'openai-compat[{extra}]'"
             )
-    wants_bt = config.bettertransformer and config.engine not in BACKENDS
-    if wants_bt and not adapter.bettertransformer_available():
+    if native and config.bettertransformer:
+        raise EngineFailure(
+            f"model {name!r}: bettertransformer = true applies to infinity-emb's engines; the "
+            "native engine runs transformers' own attention (SDPA): leave the option out"
+        )
+    if config.bettertransformer and not adapter.bettertransformer_available():
         raise EngineFailure(
             f"model {name!r}: bettertransformer = true needs optimum's BetterTransformer "
             "(optimum < 2), which is not installed; leave the option out"

@@ -27,6 +27,7 @@ from openai_compat.model_config import (
     check_unique_names,
     default_served_name,
     engine_package,
+    infinity_installed,
     parse_model_spec,
     parse_size,
     runs_natively,
@@ -45,6 +46,7 @@ __all__ = [
     "check_unique_names",
     "default_served_name",
     "engine_package",
+    "infinity_installed",
     "parse_model_spec",
     "runs_natively",
 ]

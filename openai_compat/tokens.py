@@ -252,7 +252,7 @@ class TokenCounter:
         budget = max(limit - self.specials - used, 0)
 
         def cut() -> list[str]:
-            for i in over:
+            for i in over.tolist():
                 text = texts[i]
                 if keep == "start":
                     end = self._cut_after(text, budget)

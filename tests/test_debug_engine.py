@@ -63,13 +63,26 @@ def test_the_token_budget_applies_to_character_counts() -> None:
     assert batches == [[10, 10]] * 3 and len(vectors) == 6
 
 
-def test_debugengine_is_native_exactly_where_infinity_is_missing(
+def test_debugengine_and_torch_are_native_exactly_where_infinity_is_missing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The default install has no infinity-emb: configurations naming its engine "torch"
+    (the old default) or "debugengine" run natively; its other engines are its alone."""
     monkeypatch.setattr(model_config, "infinity_installed", lambda: False)
-    assert model_config.runs_natively("debugengine") and model_config.runs_natively("native")
-    assert model_config.engine_package(["debugengine", "native"]) == "sentence_transformers"
-    assert not model_config.runs_natively("torch")
+    for engine in ("debugengine", "native", "torch"):
+        assert model_config.runs_natively(engine), engine
+    assert not model_config.runs_natively("optimum")
+    assert model_config.engine_package(["debugengine", "torch"]) == "sentence_transformers"
     monkeypatch.setattr(model_config, "infinity_installed", lambda: True)
     assert not model_config.runs_natively("debugengine")
-    assert model_config.engine_package(["debugengine"]) == "infinity_emb"
+    assert not model_config.runs_natively("torch")
+    assert model_config.runs_natively("native")
+    assert model_config.engine_package(["debugengine", "native"]) == "infinity_emb"
+
+
+def test_backend_engine_names_are_the_native_engine_with_that_backend() -> None:
+    config = model_config.ModelConfig(model="m", engine="openvino", quantize="int8")
+    assert (config.engine, config.backend, config.quantize) == ("native", "openvino", "int8")
+    assert model_config.ModelConfig(model="m").engine == "native"  # the default
+    with pytest.raises(ValueError, match="engine = 'onnx' means backend = 'onnx'"):
+        model_config.ModelConfig(model="m", engine="onnx", backend="openvino")

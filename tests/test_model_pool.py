@@ -84,18 +84,19 @@ def load_gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
 
 @pytest.fixture
 def batch_gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
-    """The debug engine's batches wait at the gate once it is armed (`gate.count = 0`)."""
-    from infinity_emb.transformer.embedder.dummytransformer import DummyTransformer
+    """The debug engine's batches (its forward runs) wait at the gate once it is armed
+    (`gate.count = 0`)."""
+    from openai_compat.engine.debug import DebugRunner
 
     gate = Gate()
     gate.opened.set()  # open until a test closes it
-    encode = DummyTransformer.encode_core
+    run = DebugRunner.run
 
-    def gated(self: Any, features: Any) -> Any:
+    def gated(self: Any, rows: Any) -> Any:
         gate.pass_()
-        return encode(self, features)
+        return run(self, rows)
 
-    monkeypatch.setattr(DummyTransformer, "encode_core", gated)
+    monkeypatch.setattr(DebugRunner, "run", gated)
     yield gate
     gate.opened.set()
 

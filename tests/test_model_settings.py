@@ -93,7 +93,7 @@ EFFECTS: dict[str, tuple[str, str]] = {
     ),
     "compile": (
         HERE,
-        "test_compile_wraps_the_model_in_torch_compile",
+        "test_compile_runs_the_forward_pass_compiled",
     ),
     "bettertransformer": (
         HERE,
@@ -228,13 +228,28 @@ async def test_batch_size_model_warmup_and_wave_batching(
     assert sum(n for n, _ in served) == 8 and max(n for n, _ in served) <= 3
 
 
-def test_compile_wraps_the_model_in_torch_compile() -> None:
-    from openai_compat.engine import adapter
+@pytest.mark.slow
+async def test_compile_runs_the_forward_pass_compiled() -> None:
+    """compile = true: the model's forward runs under torch.compile (a hook inside it sees
+    torch.compiler.is_compiling() while the graph is traced), with the same vectors."""
+    import torch
 
-    for compile_, wrapper in ((True, "OptimizedModule"), (False, "BertModel")):
+    texts = ["A man is eating food.", "The stock market crashed today."]
+    answers, traced = {}, {}
+    for compile_ in (False, True):
         engine = create_engine(_minilm(compile=compile_))
-        replica = adapter.replica_of(engine)
-        assert type(replica[0].auto_model).__name__ == wrapper
+        seen: list[bool] = []
+        engine.model[0].register_forward_hook(
+            lambda *_: seen.append(torch.compiler.is_compiling())
+        )
+        await engine.astart()
+        try:
+            vectors, _ = await engine.embed(texts)
+        finally:
+            await engine.astop()
+        answers[compile_], traced[compile_] = np.array(vectors), any(seen)
+    assert traced == {False: False, True: True}
+    np.testing.assert_allclose(answers[True], answers[False], atol=1e-5)
 
 
 def test_options_that_cannot_apply_stop_start_up() -> None:
@@ -245,11 +260,9 @@ def test_options_that_cannot_apply_stop_start_up() -> None:
             check_options(_minilm(device="cuda"))
     with pytest.raises(EngineFailure, match="local folder"):
         check_options(_minilm(revision="v2"))
-    from openai_compat.engine import adapter
-
-    if not adapter.bettertransformer_available():  # infinity-emb skipped it silently
-        with pytest.raises(EngineFailure, match="BetterTransformer"):
-            check_options(_minilm(bettertransformer=True))
+    # infinity-emb skipped it silently; the native engine has no BetterTransformer to swap in
+    with pytest.raises(EngineFailure, match="native engine runs transformers' own attention"):
+        check_options(_minilm(bettertransformer=True))
     check_options(_minilm(device="cpu"))
 
 
@@ -387,9 +400,9 @@ async def test_token_ids_model_embeds_exactly_the_ids_sent(minilm_path: str) -> 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"backend": "onnx"}, "backend applies to engine = 'native' only"),
-        ({"engine": "native", "quantize": "int8"}, "quantize applies to engine = 'onnx'"),
-        ({"engine": "torch", "quantize": "int8"}, "quantize applies to engine = 'onnx'"),
+        ({"engine": "optimum", "backend": "onnx"}, "backend applies to engine = 'native' only"),
+        ({"quantize": "int8"}, "quantize applies to backend = 'onnx' or 'openvino'"),
+        ({"engine": "torch", "quantize": "int8"}, "quantize applies to backend = 'onnx'"),
     ],
 )
 def test_backend_and_quantize_are_refused_where_they_do_nothing(

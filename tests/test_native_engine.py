@@ -16,7 +16,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -29,6 +28,7 @@ if int(st.__version__.split(".")[0]) < 6:
 
 from openai_compat.engine import native  # noqa: E402
 from openai_compat.engine.usage import TokenIds  # noqa: E402
+from openai_compat.model_config import ModelConfig  # noqa: E402
 from tests.utils import RemoteServer, record_batches  # noqa: E402
 
 TEXTS = [
@@ -39,22 +39,10 @@ TEXTS = [
 ]
 
 
-def config(source: Path | str, **kw: Any) -> Any:
-    base = dict(
-        engine="native",
-        source=str(source),
-        revision=None,
-        trust_remote_code=False,
-        device="cpu",
-        dtype="auto",
-        kind="auto",
-        served_name="m",
-        batch_size=8,
-        max_batch_tokens=16384,
-        backend="torch",
-        quantize=None,
-    )
-    return SimpleNamespace(**{**base, **kw})
+def config(source: Path | str, **kw: Any) -> ModelConfig:
+    """A model's configuration as the server builds it (its validators included)."""
+    base: dict[str, Any] = dict(model=str(source), name="m", device="cpu", batch_size=8)
+    return ModelConfig(**{**base, **kw})
 
 
 def tiny_cross_encoder(minilm: str, out: Path, labels: int) -> Path:
@@ -449,7 +437,7 @@ def server(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
         timeout=600,
     )
     assert made.returncode == 0, made.stderr
-    assert "minilm-onnx: native onnx export -> " in made.stdout
+    assert "minilm-onnx: onnx export -> " in made.stdout
     assert "minilm-onnx: cosine to torch >= 1.0000 on 10 probes" in made.stdout
     with RemoteServer(["--config", str(toml)]) as srv:
         yield srv

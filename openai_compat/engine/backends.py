@@ -1,28 +1,15 @@
-"""CPU backends for text-embedding models: ONNX Runtime and OpenVINO, optionally int8.
+"""What every exported CPU backend shares (engine/exported.py makes the exports): the
+export cache, the runtimes' options, and OpenVINO's telemetry kept off.
 
-infinity-emb's own `optimum` engine cannot export (it needs a `.onnx` file already in the
-model folder) and breaks with the pinned torch, so exports go through sentence-transformers'
-`backend="onnx"` / `backend="openvino"` (optimum's and optimum-intel's exporters) and are
-cached on disk:
-- onnx: optimised (fp32, ORT level O3) or dynamically quantised to int8 (weights per channel);
-- openvino: the IR as exported (fp32), or statically quantised to int8 by NNCF, calibrated
-  on the fixed text set that calibrates the int8 embedding types (compact.py) plus long,
-  repetitive and non-English texts, so an export never needs a dataset download.
-In both int8 recipes the transformer's output projections (the feed-forward block's second
-layer; OpenVINO's attention output too) stay fp32: their activations carry the outliers that
-an 8-bit scale cannot hold, which is what cost accuracy on long and non-English inputs
-(cosine 0.85-0.97 to torch before, >= 0.98 after, at nearly the same speed: issue #29).
-Every export's fidelity to the torch model is measured once when it is made
-(engine/fidelity.py) and reported at each start.
-The served model is infinity-emb's torch embedder, for its dynamic batching, with its
-transformer module swapped for the exported one (engine/adapter.py); tokenisation, pooling
-and normalisation stay sentence-transformers'.
+Cache: `<export dir>/<model name>-<key>/`; the key hashes the source, revision, backend,
+quantisation, the export recipe and (for a local folder) its config and weight files'
+contents, so a changed model, weights changed in place included, is exported anew. An export
+is written to a temporary folder, measured there (engine/fidelity.py) and renamed into
+place, so a crash mid-export leaves no half cache. The int8 recipes (output projections kept
+fp32, calibration on fixed texts) are engine/int8.py's.
 
-Cache: `<export dir>/<model name>-<key>/`, a complete sentence-transformers folder with
-`onnx/<file>.onnx` or `openvino/<file>.xml`; the key hashes the source, revision, backend,
-quantisation, the model's config and (for a local folder) its weight files' contents, so a
-changed model, weights changed in place included, is exported anew. Written to a
-temporary folder and renamed into place, so a crash mid-export leaves no half cache.
+No library gives these: sentence-transformers' own export helpers go through optimum, which
+cannot be installed beside transformers >= 5.3, and cache nothing keyed on the weights.
 """
 
 from __future__ import annotations
@@ -35,19 +22,15 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
-
-from openai_compat.engine import int8
-from openai_compat.settings import BACKENDS, ModelConfig
 
 logger = logging.getLogger("openai_compat")
 
 Backend = Literal["onnx", "openvino"]
 T = TypeVar("T")
-OPTIMIZATION = "O3"  # ORT graph fusions incl. fast GELU; cosine to torch 1.0000 on MiniLM
-OPENVINO_FP32 = "openvino_model.xml"  # what sentence-transformers' save_pretrained writes
+# Part of every cache key (the exporter of issue #29's ONNX fp32 exports; kept so keys stay put).
+OPTIMIZATION = "O3"
 OPENVINO_INT8 = "openvino_model_qint8_quantized.xml"  # sentence-transformers' naming
 # Part of every cache key: a changed export recipe makes its exports anew.
 RECIPE = "3: int8 output projections fp32, wide calibration, fidelity measured in f32"
@@ -55,13 +38,6 @@ RECIPE = "3: int8 output projections fp32, wide calibration, fidelity measured i
 # (AVX512_BF16, AMX) unless told otherwise: max abs error 1.4e-3 on MiniLM's vectors. Our
 # dtype decides: auto/float32 -> f32 (what "fp32" promises), bfloat16 or float16 opt in.
 OPENVINO_PRECISION = {"bfloat16": "bf16", "float16": "f16"}
-
-
-@dataclass(frozen=True)
-class Export:
-    folder: Path
-    file_name: str  # relative to folder, e.g. "onnx/model_O3.onnx"
-    backend: Backend = "onnx"
 
 
 def slug(name: str) -> str:
@@ -133,21 +109,6 @@ def _weight_digests(folder: Path, export_dir: Path | None) -> list[str]:
     return out
 
 
-def _find(folder: Path, backend: str, quantize: str | None) -> str | None:
-    if backend == "openvino":
-        xml = folder / "openvino" / (OPENVINO_INT8 if quantize else OPENVINO_FP32)
-        complete = xml.is_file() and xml.with_suffix(".bin").is_file()
-        return f"openvino/{xml.name}" if complete else None
-    onnx = folder / "onnx"
-    if not onnx.is_dir():
-        return None
-    if quantize:
-        found = sorted(onnx.glob("model_*int8_*.onnx"))
-    else:
-        found = sorted(onnx.glob(f"model_{OPTIMIZATION}.onnx"))
-    return f"onnx/{found[0].name}" if found else None
-
-
 LABELS = {"onnx": "ONNX", "openvino": "OpenVINO"}
 
 
@@ -201,65 +162,6 @@ def export_once(
     return found
 
 
-def prepare(
-    source: str,
-    *,
-    name: str,
-    revision: str | None,
-    backend: str,
-    quantize: str | None,
-    export_dir: Path,
-) -> Export:
-    """The cached export for this model, made first if missing (blocking: seconds)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
-    kind: Backend = "openvino" if backend == "openvino" else "onnx"
-    exporter = _export_openvino if kind == "openvino" else _export_onnx
-    folder = cache_folder(export_dir, name, source, revision, backend, quantize)
-    found = export_once(
-        folder,
-        name=name,
-        backend=kind,
-        quantize=quantize,
-        find=lambda f: _find(f, kind, quantize),
-        make=lambda tmp: exporter(source, revision, quantize, tmp),
-        measure=lambda tmp, made: _measure_fidelity(
-            source, revision, Export(tmp, made, kind), quantize
-        ),
-    )
-    return Export(folder, found, kind)
-
-
-def _export_onnx(source: str, revision: str | None, quantize: str | None, tmp: Path) -> None:
-    from sentence_transformers import SentenceTransformer, export_optimized_onnx_model
-
-    model = SentenceTransformer(source, backend="onnx", device="cpu", revision=revision)
-    model.save_pretrained(str(tmp))
-    if quantize:
-        int8.quantize_onnx(tmp / "onnx", int8.target())
-    else:
-        export_optimized_onnx_model(model, OPTIMIZATION, str(tmp))
-
-
-def _export_openvino(source: str, revision: str | None, quantize: str | None, tmp: Path) -> None:
-    from sentence_transformers import SentenceTransformer
-
-    with openvino_telemetry_declined():
-        model = SentenceTransformer(source, backend="openvino", device="cpu", revision=revision)
-        model.save_pretrained(str(tmp))
-        if quantize:
-            _quantize_openvino(model[0], tmp / "openvino" / OPENVINO_INT8)
-
-
-def _quantize_openvino(module: Any, target: Path) -> None:
-    """optimum-intel's exported graph, quantised (int8.quantize_openvino_graph) and saved."""
-    import openvino
-
-    graph = module.auto_model.model  # the openvino.Model inside optimum-intel's wrapper
-    quantized = int8.quantize_openvino_graph(graph, module.tokenizer, module.max_seq_length)
-    openvino.save_model(quantized, str(target))
-
-
 @contextmanager
 def openvino_telemetry_declined() -> Iterator[None]:
     """OpenVINO's converter and NNCF report usage to Intel unless the user opted out (their
@@ -285,45 +187,6 @@ def openvino_telemetry_declined() -> Iterator[None]:
         OptInChecker.check = original
 
 
-def prepare_for(config: ModelConfig, export_dir: Path) -> Export:
-    """The export a configured model is served from (see prepare)."""
-    return prepare(
-        config.source,
-        name=config.served_name,
-        revision=config.revision,
-        backend=config.engine,
-        quantize=config.quantize,
-        export_dir=export_dir,
-    )
-
-
-def _measure_fidelity(
-    source: str, revision: str | None, export: Export, quantize: str | None
-) -> None:
-    """The new export against the torch model, kept beside it (engine/fidelity.py)."""
-    from sentence_transformers import SentenceTransformer
-
-    from openai_compat import cpus
-    from openai_compat.engine import fidelity
-
-    reference = SentenceTransformer(source, device="cpu", revision=revision)
-    candidate = _sentence_transformer(export, cpus.engine_threads(), "auto")
-    result = fidelity.measure(reference, candidate, "int8" if quantize else "fp32")
-    fidelity.write(export.folder, result)
-    logger.info("export of %s: %s", source, fidelity.describe(result))
-
-
-def _sentence_transformer(export: Export, threads: int, dtype: str) -> Any:
-    from sentence_transformers import SentenceTransformer
-
-    kwargs: dict[str, Any] = {"file_name": export.file_name}
-    kwargs.update(runtime_options(export.backend, threads, dtype))
-    with openvino_telemetry_declined():
-        return SentenceTransformer(
-            str(export.folder), backend=export.backend, device="cpu", model_kwargs=kwargs
-        )
-
-
 def runtime_options(backend: Backend, threads: int, dtype: str = "auto") -> dict[str, Any]:
     """The runtime's thread pool sized to the CPUs the process may use (cpus.py): ONNX
     Runtime and OpenVINO otherwise count the host's cores. ONNX Runtime's workers also stop
@@ -346,9 +209,3 @@ def runtime_options(backend: Backend, threads: int, dtype: str = "auto") -> dict
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return {"session_options": options}
-
-
-def load_module(export: Export, threads: int, dtype: str = "auto") -> Any:
-    """The sentence-transformers transformer module running the exported graph, on
-    `threads` threads (OpenVINO: in the precision `dtype` asks for, f32 by default)."""
-    return _sentence_transformer(export, threads, dtype)[0]

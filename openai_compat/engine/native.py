@@ -213,6 +213,7 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
             batch_size=config.batch_size,
             max_batch_tokens=config.max_batch_tokens,
         )
+    _check_library()
     source = str(config.source)
     archs = _architectures(source, config.revision, config.trust_remote_code)
     device = None if config.device == "auto" else config.device
@@ -252,6 +253,10 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
         from openai_compat.settings import default_export_dir
 
         exported = serve_exported(model, config, export_dir or default_export_dir(), threads)
+    elif config.compile:
+        # torch's own nn.Module.compile: the model's forward, which preprocess + model() run,
+        # compiled on first use per shape family (dynamic: batches vary in size and length).
+        model.compile(dynamic=True)
     runner = TextRunner(model, kind, threads, multivector=multivector, exported=exported)
     return NativeEngine(
         runner,
@@ -259,6 +264,18 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
         batch_size=config.batch_size,
         max_batch_tokens=config.max_batch_tokens,
     )
+
+
+def _check_library() -> None:
+    """The native engine's floor: sentence-transformers 6's stages (preprocess, forward)."""
+    from importlib.metadata import version
+
+    found = version("sentence-transformers")
+    if int(found.split(".")[0]) < 6:
+        raise ValueError(
+            f"the native engine needs sentence-transformers >= 6 (installed: {found}); this "
+            "environment is infinity-emb's (requirements/infinity.txt): use engine = 'torch'"
+        )
 
 
 def _sparse_encoder(source: str, options: dict[str, Any]) -> Any:
