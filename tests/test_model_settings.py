@@ -240,7 +240,7 @@ async def test_compile_runs_the_forward_pass_compiled() -> None:
         engine = create_engine(_minilm(compile=compile_))
         seen: list[bool] = []
         engine.model[0].register_forward_hook(
-            lambda *_: seen.append(torch.compiler.is_compiling())
+            lambda *_, seen=seen: seen.append(torch.compiler.is_compiling())
         )
         await engine.astart()
         try:
