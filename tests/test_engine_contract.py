@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
-from openai_compat.engine import adapter, infinity_hooks
-from openai_compat.engine.adapter import EngineContractError
+pytest.importorskip("infinity_emb")  # its own environment: requirements/infinity.txt
+
+from openai_compat.engine import adapter, infinity_hooks  # noqa: E402
+from openai_compat.engine.adapter import EngineContractError  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
