@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Side-by-side throughput and latency: openai-compat vs infinity-emb's own server vs the same
+"""Side-by-side throughput and latency: openai-compat vs infinity-emb's own server vs our
 engine in-process (no HTTP, the ceiling); and cold start to ready, ours vs infinity-emb's.
 With --batch-impact: live latency on ours alone vs while a Batch API job runs.
+infinity-emb runs from its own environment: INFINITY_PYTHON=.venv-infinity/bin/python
+(requirements/infinity.txt; its `infinity_emb` command beside that interpreter).
 
     python scripts/bench.py                 # short mode: 3 rounds, ~20 minutes on 2 cores
     python scripts/bench.py --full          # the full sweep (much longer)

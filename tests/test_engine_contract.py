@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("infinity_emb")  # its own environment: requirements/infinity.txt
 
-from openai_compat.engine import adapter, infinity_hooks  # noqa: E402
-from openai_compat.engine.adapter import EngineContractError  # noqa: E402
+from openai_compat.engine import adapter, infinity_hooks
+from openai_compat.engine.adapter import EngineContractError
 
 pytestmark = pytest.mark.slow
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from openai_compat.engine.scheduler import EngineStopped, Scheduler, Slot, form_batch
+from openai_compat.engine.threads import ThreadTuner, candidates
 
 
 class Recorder:
@@ -162,3 +163,97 @@ def test_a_request_that_meets_a_stopped_engine_gets_a_503_to_retry() -> None:
         raise EngineStopped("model 't' was stopped")
     assert caught.value.status == 503
     assert caught.value.headers == {"Retry-After": "1"}
+
+
+# ---------------------------------------------------------------- the thread count (threads.py)
+
+
+class CpuModel:
+    """A fake clock and a CPU whose speed per thread count the test sets: a batch of T padded
+    tokens on n threads takes T / rate[n] seconds of the clock."""
+
+    def __init__(self, rate: dict[int, float]) -> None:
+        self.rate, self.now = rate, 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def run(self, threads: int, tokens: int) -> None:
+        self.now += tokens / self.rate[threads]
+
+
+def drive(tuner: ThreadTuner, cpu: CpuModel, batches: int, tokens: int = 1000) -> list[int]:
+    used = []
+    for _ in range(batches):
+        n = tuner.start()
+        cpu.run(n, tokens)
+        tuner.done(tokens)
+        used.append(n)
+    return used
+
+
+def test_the_thread_count_follows_what_each_count_measures() -> None:
+    """Quiet, two threads are faster and are kept; a neighbour takes a core (two threads now
+    wait at every barrier for the taken one): the fall is noticed within a few batches, one
+    thread is measured faster and kept; the neighbour leaves: the next exploration goes back."""
+    cpu = CpuModel({2: 1600.0, 1: 1000.0})
+    tuner = ThreadTuner(2, explore_every=20, trial=3, clock=cpu.clock)
+    assert tuner.options == (2, 1)
+    first = drive(tuner, cpu, 6)
+    assert first == [2, 2, 2, 1, 1, 1]  # the first exploration: each count, back to back
+    assert tuner.chosen == 2 and drive(tuner, cpu, 15) == [2] * 15  # not yet due again
+    cpu.rate = {2: 300.0, 1: 900.0}  # the neighbour arrives
+    used = drive(tuner, cpu, 12)
+    assert used[:3] == [2, 2, 2]  # the fall is sustained over `trial` batches
+    assert used[3:9] == [2, 2, 2, 1, 1, 1] and tuner.chosen == 1  # explored early, at once
+    assert used[9:] == [1, 1, 1]
+    cpu.rate = {2: 1600.0, 1: 1000.0}  # it leaves: one thread is not slower, no early trigger
+    used = drive(tuner, cpu, 40)
+    assert tuner.chosen == 2 and used[-5:] == [2] * 5
+    assert 1 in used[:20]  # one thread kept until the regular exploration found two faster
+
+
+def test_one_cpu_is_one_thread_and_nothing_is_measured() -> None:
+    cpu = CpuModel({1: 1000.0})
+    tuner = ThreadTuner(1, clock=cpu.clock)
+    assert not tuner.active and drive(tuner, cpu, 100) == [1] * 100
+    assert tuner.explorations == 0
+    assert candidates(2) == (2, 1) and candidates(4) == (4, 3, 2, 1)
+    assert candidates(16) == (16, 8, 1)
+
+
+class TunableRecorder(Recorder):
+    """A runner whose forward pass may run on 1 or 2 threads; records each count it is given
+    and advances a fake CPU clock by the batch's tokens at that count's rate."""
+
+    def __init__(self, cpu: CpuModel) -> None:
+        super().__init__()
+        self.cpu, self.threads, self.given = cpu, 0, []
+
+    def tunable_threads(self) -> int:
+        return 2
+
+    def set_threads(self, count: int) -> None:
+        self.given.append(count)
+        self.threads = count
+
+    def run(self, items: Sequence[Any]) -> list[Any]:
+        self.cpu.run(self.threads, 100 * len(items))
+        return super().run(items)
+
+
+async def test_the_scheduler_runs_each_batch_on_the_tuners_count() -> None:
+    cpu = CpuModel({2: 300.0, 1: 900.0})  # a busy neighbour: one thread is faster
+    runner = TunableRecorder(cpu)
+    tuner = ThreadTuner(2, explore_every=10, trial=2, clock=cpu.clock)
+    s = Scheduler(runner, name="t", batch_size=1, max_batch_tokens=10_000, tuner=tuner)
+    s.start()
+    try:
+        for i in range(8):
+            await s.submit([f"x{i}"], [100])
+    finally:
+        await asyncio.to_thread(s.stop)
+    # the runner's count changes only when the tuner's does: 2 (trials), 1 (trials), 1 (kept)
+    assert runner.given == [2, 1] and tuner.chosen == 1
+    # a runner without a choice (tunable_threads absent or 1) is never told a count
+    assert Scheduler(Recorder(), name="u", batch_size=1, max_batch_tokens=1).tuner is None

