@@ -2,9 +2,9 @@
 
 `python -m tests.slow_engine serve ...` runs the real CLI after two patches, both read from
 the environment:
-- OPENAI_COMPAT_TEST_BATCH_SECONDS: infinity-emb's model-free debug engine, and every sparse
-  (SPLADE) model, sleeps this long per batch (so "a request that takes 20 s" is 20 batches,
-  on any hardware);
+- OPENAI_COMPAT_TEST_BATCH_SECONDS: the model-free debug engine, and every sparse (SPLADE)
+  model, sleeps this long per batch on the native engine's forward thread (so "a request that
+  takes 20 s" is 20 batches, on any hardware);
 - OPENAI_COMPAT_TEST_LOAD_SECONDS: every model load sleeps this long first (a slow start).
 """
 
@@ -12,45 +12,35 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 
 def install() -> None:
-    from infinity_emb import AsyncEmbeddingEngine
-    from infinity_emb.transformer.embedder.dummytransformer import DummyTransformer
+    from openai_compat.engine import native
+    from openai_compat.engine.debug import DebugRunner
+    from openai_compat.engine.text import TextRunner
 
     batch = float(os.environ.get("OPENAI_COMPAT_TEST_BATCH_SECONDS", "0"))
     load = float(os.environ.get("OPENAI_COMPAT_TEST_LOAD_SECONDS", "0"))
-    encode = DummyTransformer.encode_core
+    debug_run, text_run, native_load = DebugRunner.run, TextRunner.run, native.load
 
-    def slow_encode(self: Any, features: Any) -> Any:
+    def slow_debug_run(self: Any, rows: Sequence[Any]) -> list[Any]:
         time.sleep(batch)
-        return encode(self, features)
+        return debug_run(self, rows)
 
-    DummyTransformer.encode_core = slow_encode  # type: ignore[method-assign]
-    from_args = AsyncEmbeddingEngine.from_args.__func__  # type: ignore[attr-defined]
-
-    def slow_from_args(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(load)
-        return from_args(cls, *args, **kwargs)
-
-    AsyncEmbeddingEngine.from_args = classmethod(slow_from_args)  # type: ignore[method-assign,assignment]
-
-    from openai_compat.engine import splade
-
-    serve_sparse = splade.serve_sparse
-
-    def slow_serve_sparse(replica: Any, *args: Any, **kwargs: Any) -> None:
-        serve_sparse(replica, *args, **kwargs)
-        core = replica.encode_core
-
-        def slow_core(features: Any) -> Any:
+    def slow_text_run(self: Any, rows: Sequence[Any]) -> list[Any]:
+        if self.kind == "sparse":
             time.sleep(batch)
-            return core(features)
+        return text_run(self, rows)
 
-        replica.encode_core = slow_core
+    def slow_load(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(load)
+        return native_load(*args, **kwargs)
 
-    splade.serve_sparse = slow_serve_sparse  # type: ignore[assignment]
+    DebugRunner.run = slow_debug_run  # type: ignore[method-assign]
+    TextRunner.run = slow_text_run  # type: ignore[method-assign]
+    native.load = slow_load
 
 
 if __name__ == "__main__":
