@@ -107,3 +107,28 @@ def test_openai_sdk_floats_and_base64_equal_the_librarys_encode(
         [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in raw["data"]]
     )
     np.testing.assert_array_equal(decoded, got.astype(np.float32))
+
+
+@pytest.mark.parametrize("waves", [True, False])
+async def test_wave_batching_puts_the_feeder_in_front_of_infinity_emb(waves: bool) -> None:
+    """wave_batching (infinity-emb's engines only): our feeder gathers requests into waves in
+    front of infinity-emb's queue; without it, requests go to that queue directly. Either way
+    the answers are the engine's."""
+    from openai_compat.settings import ModelConfig, Settings
+    from tests.utils import app_client
+
+    config = ModelConfig(
+        model="builtin:all-MiniLM-L6-v2",
+        name="m",
+        engine="torch",
+        wave_batching=waves,
+        model_warmup=False,
+        quantization_range=0.3,
+    )
+    async with app_client(Settings(models=(config,), cache_bytes=0)) as c:
+        entry = c.app_state.registry.loaded("m")  # type: ignore[attr-defined]
+        assert (entry.feeder is not None) is waves
+        r = await c.post("/v1/embeddings", json={"model": "m", "input": SENTENCES})
+        assert r.status_code == 200
+        vectors = np.array([d["embedding"] for d in r.json()["data"]])
+        assert float(vectors[0] @ vectors[1]) == pytest.approx(0.7553, abs=1e-3)

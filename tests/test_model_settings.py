@@ -57,7 +57,7 @@ EFFECTS: dict[str, tuple[str, str]] = {
     ),
     "batch_size": (
         HERE,
-        "test_batch_size_model_warmup_and_wave_batching",
+        "test_batch_size_and_model_warmup",
     ),
     "backend": (
         "tests/test_native_engine.py",
@@ -85,11 +85,11 @@ EFFECTS: dict[str, tuple[str, str]] = {
     ),
     "model_warmup": (
         HERE,
-        "test_batch_size_model_warmup_and_wave_batching",
+        "test_batch_size_and_model_warmup",
     ),
     "wave_batching": (
-        HERE,
-        "test_batch_size_model_warmup_and_wave_batching",
+        "tests/test_infinity_engine.py",
+        "test_wave_batching_puts_the_feeder_in_front_of_infinity_emb",
     ),
     "compile": (
         HERE,
@@ -172,11 +172,9 @@ def _minilm(**options: Any) -> ModelConfig:
 
 @pytest.mark.slow
 async def test_dtype_casts_the_weights_and_the_vectors_follow(st_model: Any) -> None:
-    from openai_compat.engine import adapter
-
     async with app_client(Settings(models=(_minilm(dtype="bfloat16", model_warmup=False),))) as c:
         entry = c.app_state.registry.loaded("m")  # type: ignore[attr-defined]
-        weights = next(adapter.replica_of(entry.engine).parameters())
+        weights = next(entry.engine.model.parameters())
         got = _vectors((await c.post("/v1/embeddings", json={"model": "m", "input": TEXTS})).json())
     assert str(weights.dtype) == "torch.bfloat16"
     want = st_model.encode(TEXTS, normalize_embeddings=True)
@@ -187,35 +185,34 @@ async def test_dtype_casts_the_weights_and_the_vectors_follow(st_model: Any) -> 
 
 @pytest.fixture
 def engine_batches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]:
-    """(inputs, tokens per input) of every batch the embedding model runs."""
-    from infinity_emb.transformer.embedder.sentence_transformer import (
-        SentenceTransformerPatched,
-    )
+    """(inputs, padded tokens per input) of every forward pass the native engine runs."""
+    from openai_compat.engine.text import TextRunner
 
     seen: list[tuple[int, int]] = []
-    original = SentenceTransformerPatched.encode_core
+    original = TextRunner._forward
 
-    def spy(self: Any, features: dict[str, Any]) -> Any:
-        seen.append(tuple(features["input_ids"].shape))  # type: ignore[arg-type]
-        return original(self, features)
+    def spy(self: Any, rows: Any) -> Any:
+        seen.append((len(rows), max(r.length for r in rows)))
+        return original(self, rows)
 
-    monkeypatch.setattr(SentenceTransformerPatched, "encode_core", spy)
+    monkeypatch.setattr(TextRunner, "_forward", spy)
     yield seen
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("warm, waves", [(True, True), (False, False)])
-async def test_batch_size_model_warmup_and_wave_batching(
-    engine_batches: list[tuple[int, int]], warm: bool, waves: bool
+@pytest.mark.parametrize("warm", [True, False])
+async def test_batch_size_and_model_warmup(
+    engine_batches: list[tuple[int, int]], warm: bool
 ) -> None:
     """batch_size caps every batch the model runs; model_warmup runs one full batch and one
-    max-length input before /ready (none without it); wave_batching puts our feeder in front
-    of the engine (without it, requests go to infinity-emb's queue directly)."""
-    config = _minilm(batch_size=3, model_warmup=warm, wave_batching=waves)
+    max-length input before /ready (none without it). The native engine's queue forms its
+    own batches: no wave feeder in front of it (wave_batching is infinity-emb's:
+    test_infinity_engine.py)."""
+    config = _minilm(batch_size=3, model_warmup=warm)
     async with app_client(Settings(models=(config,))) as c:
         at_ready = list(engine_batches)
         entry = c.app_state.registry.loaded("m")  # type: ignore[attr-defined]
-        assert (entry.feeder is not None) is waves
+        assert entry.feeder is None
         texts = [f"text number {i}" for i in range(8)]
         r = await c.post("/v1/embeddings", json={"model": "m", "input": texts})
         assert r.status_code == 200

@@ -156,6 +156,10 @@ class NativeEngine:
         rows, _ = await self._run(pairs)
         return [self._labelled(r, softmax=False) for r in rows]
 
+    def close(self) -> None:
+        """As a model's logits runner (ModelEntry.logits): nothing of its own to close, the
+        logits go through the engine's own queue, which astop stops."""
+
     def _check(self, capability: str) -> None:
         if capability not in self.capabilities:
             raise ValueError(f"model {self.name!r} cannot {capability}")
