@@ -157,6 +157,11 @@ def folder_prompts(replica: Any) -> tuple[dict[str, str], str | None]:
     replica = sentence_transformer(replica)
     prompts = attr(replica, "prompts", "SentenceTransformer") or {}
     default = attr(replica, "default_prompt_name", "SentenceTransformer")
+    if not any(prompts.values()):
+        # sentence-transformers 6 gives every model {"query": "", "document": ""} for its
+        # encode_query / encode_document: empty prefixes are no prompts (a folder without
+        # any, as 3.x reported it), so input types stay ignored for such a model.
+        return {}, None
     return {str(k): str(v) for k, v in prompts.items()}, default
 
 
