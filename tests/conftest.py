@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.utils import SERVER_ENV, RemoteServer, server_with
+from tests.utils import SERVER_ENV, RemoteServer, projected, server_with
 
 # Nothing in the test process may reach a model hub.
 for _k, _v in SERVER_ENV.items():
@@ -244,7 +244,7 @@ def direct_models(trained_models: dict[str, Path], tiny_media_models: dict[str, 
             text=[text], return_tensors="pt", padding=True, truncation=True, max_length=max_length
         )
         with torch.no_grad():
-            v = clip.get_text_features(**enc)[0].numpy()
+            v = projected(clip.get_text_features(**enc))[0].numpy()
         return v / np.linalg.norm(v)
 
     return {"rerank": rerank, "classify": classify, "clip_text": clip_text}

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.media_samples import data_uri, png, wav
-from tests.utils import RemoteServer
+from tests.utils import RemoteServer, projected
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def clip_reference(tiny_media_models: dict[str, Path]):  # type: ignore[no-untyp
             feats = model.get_image_features(
                 **processor(images=Image.open(io.BytesIO(raw)).convert("RGB"), return_tensors="pt")
             )
-        return _unit(feats[0].numpy())
+        return _unit(projected(feats)[0].numpy())
 
     return image
 
@@ -104,10 +104,10 @@ def test_audio_by_data_uri_and_url(
     path = tiny_media_models["clap"]
     model, proc = ClapModel.from_pretrained(path).eval(), ClapProcessor.from_pretrained(path)
     samples, rate = soundfile.read(io.BytesIO(tone))
-    # the processor call infinity-emb makes
-    feats = proc(audios=[samples], sampling_rate=rate, return_tensors="pt", padding=True)
+    # the model's own processor on the decoded samples
+    feats = proc(audio=[samples], sampling_rate=rate, return_tensors="pt", padding=True)
     with torch.no_grad():
-        ref = model.get_audio_features(input_features=feats["input_features"])
+        ref = projected(model.get_audio_features(input_features=feats["input_features"]))
     assert np.max(np.abs(a - _unit(ref[0].numpy()))) < 1e-4
     text = client.embeddings.create(model="clap", input="a beep")
     assert len(text.data[0].embedding) == len(a)

@@ -303,3 +303,9 @@ def record_batches(engine: Any) -> list[list[int]]:
 
     engine.runner.run = spy
     return batches
+
+
+def projected(features: Any) -> Any:
+    """What transformers' get_text/image/audio_features gives: a tensor up to 4.x, a model
+    output whose pooler_output is that tensor from 5.0 on."""
+    return getattr(features, "pooler_output", features)
