@@ -92,7 +92,8 @@ def _numbers(name: str, body: dict[str, Any]) -> list[float]:
 def _ask(server: RemoteServer, name: str) -> list[float]:
     path, body = REQUESTS[name]
     r = httpx.post(server.url + path, json=body, timeout=120)
-    assert r.status_code == 200, (name, r.text[:300])
+    # a failed load says why in the server's log only: show its end
+    assert r.status_code == 200, (name, r.text[:300], server.output()[-3000:])
     return _numbers(name, r.json())
 
 
