@@ -74,7 +74,7 @@ def downloaded(config: Path, export_dir: Path) -> list[Path]:
     ).stdout
     assert "onnx export ->" in out and "openvino export ->" in out
     files = sorted([*export_dir.glob("*/*.onnx"), *export_dir.glob("*/*.xml")])
-    assert {f.parent.parent.name.rsplit("-", 1)[0] for f in files} == set(EXPORTED)
+    assert {f.parent.name.rsplit("-", 1)[0] for f in files} == set(EXPORTED)
     return files
 
 
