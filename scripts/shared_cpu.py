@@ -21,6 +21,9 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
     infinity-engine
              no server: infinity-emb's AsyncEmbeddingEngine in one process, IN_FLIGHT tasks
              each embedding PER_REQUEST new texts at a time (the same stream), $INFINITY_PYTHON
+    native-engine
+             no server: our engine (loading.create_engine) in one process, driven the same
+             way: the HTTP layer's cost is passive / native-engine
     library  no server: sentence-transformers' own encode(texts, batch_size=32) in one
              process on the same kind of texts, 512 at a time (the ceiling), by
              $NATIVE_PYTHON too: the library the native engine runs on
@@ -55,6 +58,7 @@ VARIANTS = {
     "infinity": {"OPENAI_COMPAT_CONFIG": "infinity"},
     # one_run: no server
     "infinity-engine": {},
+    "native-engine": {},
     "library": {},
     "library1": {},
 }
@@ -186,6 +190,38 @@ print(done / (time.monotonic() - start))
 """
 
 
+# Our engine in-process, the same way: what the HTTP layer costs on top of it.
+NATIVE_ENGINE = """
+import asyncio, random, sys, time
+from openai_compat.loading import create_engine
+from openai_compat.settings import ModelConfig
+words, seconds, warmup = sys.argv[1].split(), float(sys.argv[2]), float(sys.argv[3])
+seed, in_flight, per_request = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+rng = random.Random(seed)
+n = [0]
+def texts():
+    n[0] += 1
+    return [f"{n[0]} {j} " + " ".join(rng.choice(words) for _ in range(rng.randint(6, 14)))
+            for j in range(per_request)]
+async def main():
+    engine = create_engine(ModelConfig(model="builtin:all-MiniLM-L6-v2", device="cpu"))
+    await engine.astart()
+    done, measuring = [0], [False]
+    end = time.monotonic() + warmup + seconds
+    async def worker():
+        while time.monotonic() < end:
+            await engine.embed(texts())
+            if measuring[0] and time.monotonic() < end:
+                done[0] += per_request
+    tasks = [asyncio.create_task(worker()) for _ in range(in_flight)]
+    await asyncio.sleep(warmup)
+    measuring[0] = True
+    await asyncio.gather(*tasks)
+    await engine.astop()
+    print(done[0] / seconds)
+asyncio.run(main())
+"""
+
 # infinity-emb's engine in-process: IN_FLIGHT tasks, each embedding PER_REQUEST new texts and
 # coming back for more, as the HTTP clients do (no HTTP, no JSON).
 INFINITY_ENGINE = """
@@ -229,6 +265,9 @@ def library_run(neighbour: bool, seed: int, variant: str = "library") -> float:
     if variant == "infinity-engine":
         python, code = infinity_python(), INFINITY_ENGINE
         args += [str(IN_FLIGHT), str(PER_REQUEST)]
+    elif variant == "native-engine":
+        python, code = os.environ.get("NATIVE_PYTHON", sys.executable), NATIVE_ENGINE
+        args += [str(IN_FLIGHT), str(PER_REQUEST)]
     else:
         python, code = os.environ.get("NATIVE_PYTHON", sys.executable), LIBRARY
         args.append("1" if variant == "library1" else "0")
@@ -250,7 +289,7 @@ def library_run(neighbour: bool, seed: int, variant: str = "library") -> float:
 
 
 def one_run(variant: str, neighbour: bool, seed: int) -> float:
-    if variant in ("library", "library1", "infinity-engine"):
+    if variant in ("library", "library1", "infinity-engine", "native-engine"):
         return library_run(neighbour, seed, variant)
     proc, url = start(VARIANTS[variant])
     busy = None

@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 
-from openai_compat.engine.scheduler import EngineStopped, Scheduler, Slot, form_batch
+from openai_compat.engine.scheduler import (
+    MAX_PASSES,
+    EngineStopped,
+    Scheduler,
+    Slot,
+    form_batch,
+)
 from openai_compat.engine.threads import ThreadTuner, candidates
 
 
@@ -67,6 +73,39 @@ def test_a_batch_fills_up_to_the_budget_with_neighbouring_lengths() -> None:
     # the oldest is short: longer neighbours join while the padded cost fits
     assert [s.cost for s in form_batch(slots([10, 12, 30]), 32, 36)] == [10, 12]
     assert [s.cost for s in form_batch(slots([50, 60]), 32, 10)] == [50]  # over budget alone
+
+
+def test_the_tightest_batch_pads_least_within_the_budget() -> None:
+    """oldest=False: of the runs of batch_size neighbouring lengths, the one that pads
+    least (here the three 20s, not the oldest 10's run); where no full run fits the budget,
+    the oldest's run as before."""
+    window = slots([10, 11, 20, 20, 20, 35, 36])
+    assert [s.cost for s in form_batch(window, 3, 10_000, oldest=False)] == [20, 20, 20]
+    assert [s.cost for s in form_batch(window, 2, 10_000, oldest=False)] == [20, 20]
+    assert [s.cost for s in form_batch(window, 3, 50, oldest=False)] == [10, 11]  # none fit
+    rng = random.Random(11)
+    for _ in range(300):  # never over budget, never over batch_size, length-sorted
+        window = slots([rng.randint(1, 300) for _ in range(rng.randint(1, 80))])
+        size, budget = rng.randint(1, 32), rng.randint(1, 4096)
+        costs = [s.cost for s in form_batch(window, size, budget, oldest=False)]
+        assert costs and len(costs) <= size and costs == sorted(costs)
+        assert len(costs) == 1 or max(costs) * len(costs) <= budget
+
+
+async def test_the_oldest_input_waits_at_most_max_passes_batches() -> None:
+    """A long input queued first, then many short ones: the tight batches of short inputs go
+    first, but the long one is passed over at most MAX_PASSES times."""
+    async with held(2, first="busy") as (runner, s, first):
+        old = asyncio.create_task(s.submit(["long"], [90]))
+        await until(lambda: s.waiting() == 1)
+        shorts = [asyncio.create_task(s.submit([f"s{i}"], [5])) for i in range(20)]
+        await until(lambda: s.waiting() == 21)
+        runner.release.set()
+        await asyncio.gather(first, old, *shorts)
+    batches = runner.batches[1:]
+    at = next(i for i, b in enumerate(batches) if "long" in b)
+    assert at == MAX_PASSES  # passed over exactly MAX_PASSES times, then taken
+    assert all(len(b) == 2 and "long" not in b for b in batches[:at])
 
 
 @contextlib.asynccontextmanager

@@ -5,13 +5,14 @@ A caller's inputs arrive prepared (tokenized off the event loop, each with its c
 and wait as slots in the model's queue: live calls in one, Batch API lines (feeder.background)
 in another that is served only while no live input waits. When the forward thread is free it
 forms the next batch from the oldest `window` live slots: sorted by cost, the run of
-neighbouring lengths around the oldest slot (so nothing waits behind newer work for long),
-grown while `max_len x n <= max_batch_tokens` (what a padded batch costs, TEI's rule) and
-`n <= batch_size`, never empty. A caller that has gone (its future cancelled) is skipped at
-formation: its inputs never reach the model. While live calls keep coming, background
-batches are an eighth of batch_size, so a live request never waits behind a full one.
-Results go back with one event-loop callback per
-batch; a failing batch fails only its own callers.
+`batch_size` neighbouring lengths that pads least, within `max_len x n <= max_batch_tokens`
+(what a padded batch costs, TEI's rule); once the oldest slot has been passed over
+MAX_PASSES times, the run around it instead (so nothing waits behind newer work for long),
+grown within the budget and `n <= batch_size`, never empty. A caller that has gone (its
+future cancelled) is skipped at formation: its inputs never reach the model. While live
+calls keep coming, background batches are an eighth of batch_size, so a live request never
+waits behind a full one. Results go back with one event-loop callback per batch; a failing
+batch fails only its own callers.
 
 There are no pollers: the forward thread sleeps on a condition until work arrives, callers
 await a future. Whatever the runner is (text.py, debug.py), it is only ever called on this
@@ -42,6 +43,10 @@ WINDOW_BATCHES = 8
 # again once no live call has come for QUIET_S.
 TRICKLE_FRACTION = 8
 QUIET_S = 0.5
+# A batch is the tightest run of neighbouring lengths in the window (least padding), but the
+# oldest waiting input goes once it has been passed over this many times: no input waits
+# more than MAX_PASSES batches beyond those ahead of it.
+MAX_PASSES = 4
 
 
 class Runner(Protocol):
@@ -104,11 +109,27 @@ class BatchStats:
         }
 
 
-def form_batch(window: Sequence[Slot], batch_size: int, max_batch_tokens: int) -> list[Slot]:
-    """The next batch from `window` (oldest first, all wanted): the oldest slot and its
-    neighbours in length order, shorter ones first, while the padded cost stays within
-    the budget and the count within batch_size. Never empty; length-sorted."""
+def form_batch(
+    window: Sequence[Slot], batch_size: int, max_batch_tokens: int, *, oldest: bool = True
+) -> list[Slot]:
+    """The next batch from `window` (oldest first, all wanted). Never empty; length-sorted.
+
+    `oldest`: the oldest slot and its neighbours in length order, shorter ones first, while
+    the padded cost stays within the budget and the count within batch_size. Otherwise the
+    tightest batch: of the runs of min(batch_size, len(window)) neighbours in length that
+    fit the budget, the one that pads least (the oldest's run where none fits)."""
     order = sorted(window, key=lambda s: (s.cost, s.order))
+    if not oldest:
+        n = min(batch_size, len(order))
+        best, start, total = -1, 0, sum(s.cost for s in order[:n])
+        for i in range(len(order) - n + 1):
+            if i:
+                total += order[i + n - 1].cost - order[i - 1].cost
+            padded = order[i + n - 1].cost * n
+            if padded <= max_batch_tokens and (best < 0 or padded - total < best):
+                best, start = padded - total, i
+        if best >= 0:
+            return order[start : start + n]
     lo = hi = order.index(window[0])
     while hi - lo + 1 < batch_size:
         n = hi - lo + 2
@@ -151,6 +172,7 @@ class Scheduler:
         self._order = itertools.count()
         self._last_live = -QUIET_S  # time.monotonic() of the last live call
         self._stopping = False
+        self._passes = 0  # formations the oldest waiting input has been passed over
         self._thread = threading.Thread(target=self._serve, name=f"forward-{name}", daemon=True)
 
     # ------------------------------------------------------------ the caller's side
@@ -227,8 +249,11 @@ class Scheduler:
                     self.stats.dropped_inputs += 1
             if not window:
                 continue
-            batch = form_batch(window, size, self.max_batch_tokens)
+            # the tightest batch, unless the oldest input was passed over MAX_PASSES times
+            must = self._passes >= MAX_PASSES
+            batch = form_batch(window, size, self.max_batch_tokens, oldest=must)
             taken = set(map(id, batch))
+            self._passes = 0 if id(window[0]) in taken else self._passes + 1
             kept.extend(s for s in window if id(s) not in taken)
             queue.extendleft(reversed(kept))  # the rest keep their place at the front
             return batch
