@@ -129,9 +129,12 @@ def serve_and_check(venv: Path, cwd: Path, data_home: Path, label: str) -> None:
 def check_cpu_torch(venv: Path) -> None:
     """The venv's torch is a CPU build (a CUDA one is gigabytes a CPU server never uses)."""
     probe = "import torch; print(torch.__version__, torch.version.cuda)"
-    out = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", probe], check=True, capture_output=True, text=True
-    ).stdout.split()
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the README's install cannot import torch:\n{done.stderr[-3000:]}")
+    out = done.stdout.split()
     if len(out) != 2 or out[1] != "None":
         raise SystemExit(f"the README's install gave torch {' '.join(out)}: a CUDA build")
     print(f"torch {out[0]}: a CPU build", flush=True)
