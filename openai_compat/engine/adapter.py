@@ -279,22 +279,6 @@ def apply_max_length(replica: Any, max_length: int | None) -> int | None:
     return applied_max_length(replica)
 
 
-def use_transformer_module(replica: Any, module: Any) -> None:
-    """Run an embedder's transformer through another backend's module (ONNX Runtime): the
-    engine keeps batching, tokenising, pooling and normalising as before."""
-    if is_native(replica):
-        raise ValueError(
-            "engine = 'native' runs the model on torch; exported backends are "
-            "served on engine = 'onnx' / 'openvino'"
-        )
-    if kind_of(replica) != "embedder" or multivector(replica):
-        raise ValueError(
-            f"a {type(replica).__name__} model cannot run on this backend; only "
-            "sentence-transformers embedding models can"
-        )
-    replica[0] = module
-
-
 # ---------------------------------------------------------------- media models
 
 
