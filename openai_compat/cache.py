@@ -61,11 +61,15 @@ class EmbeddingCache:
     _flights: dict[tuple[str, bytes], asyncio.Future[Any]] = field(default_factory=dict)
 
     @staticmethod
-    def key(text: str) -> bytes:
+    def key(text: str, mode: str | None = None) -> bytes:
+        """A digest of what the engine is given: the text (or ids), and the mode (query or
+        document) of a model that embeds them apart."""
         if isinstance(text, TokenIds):  # the ids, not their decoded text
             raw = b"ids:" + ",".join(map(str, text.ids)).encode()
         else:
             raw = b"text:" + text.encode("utf-8", "surrogatepass")
+        if mode is not None:
+            raw = b"mode:" + mode.encode() + b":" + raw
         return hashlib.blake2b(raw, digest_size=16).digest()
 
     def _stats(self, model: str) -> CacheStats:
@@ -109,6 +113,7 @@ class EmbeddingCache:
         model: str,
         texts: Sequence[str],
         compute: Callable[[list[str]], Awaitable[tuple[list[Any], int]]],
+        mode: str | None = None,
     ) -> tuple[list[Any], int]:
         """`compute`'s answer for `texts`, computing each distinct text not cached once: a
         repeat inside the request, or a text another request is computing right now (it
@@ -119,7 +124,7 @@ class EmbeddingCache:
         todo: dict[bytes, list[int]] = {}  # key -> the positions this request computes
         borrowed: dict[bytes, tuple[asyncio.Future[Any], list[int]]] = {}  # another's
         for i, text in enumerate(texts):
-            key = self.key(text)
+            key = self.key(text, mode)
             if key in todo:  # a repeat inside this request: computed once
                 todo[key].append(i)
                 continue

@@ -20,6 +20,7 @@ from openai_compat.engine.scheduler import EngineStopped
 from openai_compat.engine.usage import TokenIds
 from openai_compat.errors import BadRequest, InputTooLong, ServiceUnavailable
 from openai_compat.media import IMAGE_META, MediaError, MediaFetcher, Modality
+from openai_compat.prompts import mode_of
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
 from openai_compat.sparse import check_finite as check_sparse_finite
@@ -142,15 +143,18 @@ async def embed_texts(
     *,
     prompt: str = "",
     truncate: bool | None = None,
+    mode: str | None = None,
 ) -> EmbedResult:
     """Embed texts, each after `prompt`; usage counts the model's own tokens (prompt
-    included) after truncation. `truncate` overrides the model's setting.
+    included) after truncation. `truncate` overrides the model's setting. `mode`: the side
+    of a model with query and document modes (else the chosen prompt's, prompts.Prompt).
 
     Where the engine reports each embedding's tokens (entry.engine_counts) that count is
     used; otherwise the model's tokenizer counts beside the engine. A sparse model's vectors
     are SparseVectors.
     """
-    result = await _embed(entry, texts, settings, names, prompt, truncate)
+    mode = mode or mode_of(prompt)
+    result = await _embed(entry, texts, settings, names, prompt, truncate, mode)
     if entry.sparse:  # SparseVectors: a NaN weight must not reach a client as a number
         check_sparse_finite(result.vectors)
     return result
@@ -163,9 +167,17 @@ async def _embed(
     names: Names,
     prompt: str,
     truncate: bool | None,
+    mode: str | None,
 ) -> EmbedResult:
     truncate = truncate_for(entry, settings) if truncate is None else truncate
     if texts and isinstance(texts[0], TokenIds):
+        if entry.modes:  # the sides' markers and expansion are the model's preprocessing
+            raise BadRequest(
+                f"Model {entry.name!r} embeds queries and documents apart, from text: send "
+                "text, not token ids.",
+                param="input",
+                code="unsupported_input",
+            )
         return await _embed_ids(entry, texts, settings, names, truncate)  # no prompt: as sent
     if prompt:
         texts = [prompt + t for t in texts]
@@ -175,15 +187,15 @@ async def _embed(
             # Measure first: over-long input is refused before it costs engine time, and
             # huge texts reach the engine cut a few tokens past the model's limit.
             tokens, prepared = await counter.prepare(texts, truncate=truncate, names=names)
-            vectors, usage = await entry.embed(prepared)
+            vectors, usage = await entry.embed(prepared, mode)
             exact = settings.count_tokens or not truncate
             return EmbedResult(vectors, tokens if exact else int(usage))
         if counter is None or not settings.count_tokens or entry.engine_counts:
-            vectors, usage = await entry.embed(list(texts))
+            vectors, usage = await entry.embed(list(texts), mode)
             counted = adapter.engine_token_count(vectors) if settings.count_tokens else None
             return EmbedResult(vectors, int(usage) if counted is None else counted)
         tokens, (vectors, _) = await asyncio.gather(
-            counter.usage(texts, truncate=True), entry.embed(list(texts))
+            counter.usage(texts, truncate=True), entry.embed(list(texts), mode)
         )
         return EmbedResult(vectors, tokens)
 
@@ -271,8 +283,10 @@ async def embed_fitted(
     fitted = await fit_texts(
         entry, texts, prompt=prompt, keep=keep, max_tokens=max_tokens, names=names
     )
-    if fitted is not None:
-        return await embed_texts(entry, fitted, settings, names, truncate=True)
+    if fitted is not None:  # the prompt is inside the fitted texts; its side is not
+        return await embed_texts(
+            entry, fitted, settings, names, truncate=True, mode=mode_of(prompt)
+        )
     return await embed_texts(
         entry, texts, settings, names, prompt=prompt, truncate=keep is not None
     )

@@ -9,6 +9,7 @@ inference.py; its internals only in engine/adapter.py.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -200,6 +201,8 @@ async def describe(
     folder, folder_default = adapter.folder_prompts(replica)
     try:
         prompts = Prompts.resolve(config.prompts, config.default_prompt, folder, folder_default)
+        if getattr(engine, "modes", False):
+            prompts = dataclasses.replace(prompts, modes=True)
     except ValueError as exc:
         raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
     dimensions = None
@@ -238,6 +241,7 @@ async def describe(
         token_decoder=decoder,
         logits=infinity_hooks.LogitsRunner.for_replica(replica, config.served_name),
         multivector=multivector,
+        modes=bool(getattr(engine, "modes", False)),
         engine_counts=engine_counts,
         raw_output=raw_output,
         exact_token_ids=config.token_ids == "model" and infinity_hooks.accepts_token_ids(replica),

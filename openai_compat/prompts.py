@@ -32,6 +32,29 @@ _SYNONYMS: dict[str, tuple[str, ...]] = {
 
 # Cohere's input_type for image inputs: it selects the modality, never a text prompt.
 _NOT_A_PROMPT = frozenset({"image"})
+# What asks a model with query and document modes for its query side; anything else (or
+# nothing) gets the document side, the library's default (encode = encode_document).
+_QUERY_SIDE = frozenset({"query", "search_query", "retrieval.query", "code.query"})
+
+
+class Prompt(str):
+    """The prefix a request chose, and on a model with query and document modes (a
+    MultiVectorEncoder: markers, query expansion, per-side lengths) the side it asked for:
+    `mode` is "query" or "document" there, None elsewhere. It is the prefix wherever a
+    string is used, so every embedding path carries the side with the prefix."""
+
+    mode: str | None = None
+
+    @classmethod
+    def of(cls, prefix: str, mode: str | None) -> Prompt:
+        prompt = cls(prefix)
+        prompt.mode = mode
+        return prompt
+
+
+def mode_of(prompt: str) -> str | None:
+    """The side a chosen prompt asks for (Prompt.mode); None for a plain prefix."""
+    return prompt.mode if isinstance(prompt, Prompt) else None
 
 
 @dataclass(frozen=True)
@@ -40,6 +63,7 @@ class Prompts:
 
     prompts: Mapping[str, str] = field(default_factory=dict)
     default: str | None = None
+    modes: bool = False  # the model embeds queries and documents apart (Prompt.mode)
 
     @classmethod
     def resolve(
@@ -82,6 +106,14 @@ class Prompts:
         """The prefix a request asks for through any of its prompt fields (`input_type`,
         `prompt_name`, `task`...); fields that ask for different prompts are a 400."""
         given = [(param, value) for param, value in fields.items() if value is not None]
+        if self.modes:
+            side = "query" if given and given[0][1] in _QUERY_SIDE else "document"
+            if not given and side in self.prompts:
+                return Prompt.of(self.prompts[side], side)
+            return Prompt.of(self._choose(model, given), side)
+        return self._choose(model, given)
+
+    def _choose(self, model: str, given: list[tuple[str, str]]) -> str:
         if not given:
             return self.select(None, "input_type", model)
         param, value = given[0]
@@ -98,6 +130,12 @@ class Prompts:
 
     def describe(self) -> dict[str, object] | None:
         """For /v1/models: the prompts and the default, or None for a model without any."""
-        if not self.prompts:
+        if not self.prompts and not self.modes:
             return None
-        return {"prompts": dict(self.prompts), "default_prompt": self.default}
+        described: dict[str, object] = {
+            "prompts": dict(self.prompts),
+            "default_prompt": self.default,
+        }
+        if self.modes:
+            described["modes"] = ["query", "document"]
+        return described

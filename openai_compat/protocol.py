@@ -103,6 +103,12 @@ class ModelCard(BaseModel):
         None, description="Named prompts (prefixes) a request can choose; absent if none."
     )
     default_prompt: str | None = Field(None, description="The prompt used when none is named.")
+    modes: list[str] | None = Field(
+        None,
+        description="A multi-vector model that embeds queries and documents apart: the sides "
+        "(`input_type` query-like values pick 'query', anything else 'document'); absent "
+        "otherwise.",
+    )
     quantization_range: float | None = Field(
         None,
         description="The |value| that int8 embeddings map to 127 (x ~ int8 * range / 127).",

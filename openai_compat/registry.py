@@ -48,6 +48,7 @@ class ModelEntry:
     logits: Any | None = None  # raw classification logits: LogitsRunner, NativeEngine
     late: Any | None = None  # engine.late.LateRunner, made on the first late-chunking request
     multivector: bool = False  # one vector per token (ColBERT-style), not one per input
+    modes: bool = False  # queries and documents embedded apart (MultiVectorEncoder's task)
     engine_counts: bool = False  # the engine reports each input's tokens (no 2nd pass)
     raw_output: bool = False  # vectors keep their pre-normalisation norm (TEI normalize=false)
     exact_token_ids: bool = False  # token_ids = "model": ids reach the model as given
@@ -123,14 +124,23 @@ class ModelEntry:
         held = self.feeder.waiting if self.feeder is not None else 0
         return adapter.queue_length(self.engine) + held
 
-    async def embed(self, texts: list[str]) -> tuple[list[Any], int]:
+    async def embed(self, texts: list[str], mode: str | None = None) -> tuple[list[Any], int]:
         """The engine's embed (vectors, usage), through the exact cache (cache.py) and the
-        feeder where there are."""
-        if self.cache is not None:
-            return await self.cache.embed(self.name, texts, self._embed)
-        return await self._embed(texts)
+        feeder where there are. `mode` ("query", "document"): a model with modes only."""
+        if mode is not None and not self.modes:
+            raise RuntimeError(f"model {self.name!r} has no query and document modes")
 
-    async def _embed(self, texts: list[str]) -> tuple[list[Any], int]:
+        async def compute(todo: list[str]) -> tuple[list[Any], int]:
+            return await self._embed(todo, mode)
+
+        if self.cache is not None:
+            return await self.cache.embed(self.name, texts, compute, mode=mode)
+        return await compute(texts)
+
+    async def _embed(self, texts: list[str], mode: str | None) -> tuple[list[Any], int]:
+        if mode is not None:  # the native engine (and Ray replicas of it): no feeder
+            moded: tuple[list[Any], int] = await self.engine.embed(texts, mode)
+            return moded
         if self.feeder is not None:
             return await self.feeder.embed(texts)
         result: tuple[list[Any], int] = await self.engine.embed(texts)

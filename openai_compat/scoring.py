@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 from openai_compat.errors import BadRequest, InputTooLong, ModelOutputError
-from openai_compat.inference import check_count, embed_texts, engine_errors, truncate_for
+from openai_compat.inference import (
+    EmbedResult,
+    check_count,
+    embed_texts,
+    engine_errors,
+    truncate_for,
+)
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
 from openai_compat.tokens import Names, field_names
@@ -200,8 +206,27 @@ async def _maxsim_rerank(
 ) -> RerankResult:
     """A multi-vector (ColBERT-style) model: late interaction. A document's score is the sum
     over the query's token vectors of the largest dot product with the document's token
-    vectors (MaxSim), on the vectors the model serves; >= 0 is not implied (unbounded)."""
-    result = await embed_texts(entry, [query, *docs], settings, _rerank_names(docs_param))
+    vectors (MaxSim), on the vectors the model serves; >= 0 is not implied (unbounded). A
+    model with query and document modes embeds the query as encode_query does and the
+    documents as encode_document does (each side's prompt), as its own `similarity` scores."""
+    if entry.modes:
+        names = _rerank_names(docs_param)
+        side = entry.prompts.choose
+        asked, given = await asyncio.gather(
+            embed_texts(
+                entry, [query], settings, names, prompt=side(entry.name, input_type="query")
+            ),
+            embed_texts(
+                entry,
+                docs,
+                settings,
+                lambda i: names(i + 1),
+                prompt=side(entry.name, input_type="document"),
+            ),
+        )
+        result = EmbedResult([*asked.vectors, *given.vectors], asked.tokens + given.tokens)
+    else:
+        result = await embed_texts(entry, [query, *docs], settings, _rerank_names(docs_param))
     q, *matrices = (np.asarray(v, dtype=np.float32) for v in result.vectors)
     scores = np.asarray([float((q @ d.T).max(axis=1).sum()) for d in matrices])
     finite_scores(entry, scores)

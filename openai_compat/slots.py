@@ -190,8 +190,7 @@ def refuse_if_own_leases_block(slot: Slot, max_loaded: int, budget: int) -> None
     else:
         return
     raise ServiceUnavailable(
-        f"This request needs model {slot.name!r} loaded beside {names}, which it holds, "
-        f"and {why}.",
+        f"This request needs model {slot.name!r} loaded beside {names}, which it holds, and {why}.",
         code="model_capacity",
     )
 

@@ -38,6 +38,7 @@ class DebugRunner:
 
     kind: TextKind = "embedder"
     multivector = False
+    modes = False
     exported = None
     sparse_size: int | None = None
     image_tokens = 0
@@ -48,7 +49,9 @@ class DebugRunner:
         self.model = NoModel()
         self.tokenizer = None
 
-    def prepare(self, inputs: Sequence[Any]) -> list[Row]:
+    def prepare(self, inputs: Sequence[Any], task: str | None = None) -> list[Row]:
+        if task is not None:
+            raise ValueError("this model has no query and document modes")
         return [Row({}, len(str(text)), tokens=False) for text in inputs]
 
     def on_thread(self) -> None:

@@ -1,19 +1,58 @@
-"""What a local model folder's config.json says of the model: the architectures it names."""
+"""What a model folder's own files say of the model: the architectures its config.json names,
+and the sentence-transformers model class its `config_sentence_transformers.json` was saved
+from (`model_type`: SentenceTransformer, SparseEncoder, CrossEncoder, MultiVectorEncoder)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+ST_CONFIG = "config_sentence_transformers.json"
+
+
+def _read(source: str, name: str, revision: str | None) -> Any:
+    """`name`'s JSON in a local folder, or in a hub model's files (the local cache or a
+    download, as the library itself would read it); None when there is none."""
+    path = Path(source) / name
+    if not path.is_file() and not Path(source).is_dir():
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = Path(hf_hub_download(source, name, revision=revision))
+        except Exception:  # absent, offline, or not a hub id: the library decides at load
+            return None
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def architectures(source: str) -> list[str] | None:
     """The `architectures` of `source`'s config.json; None when `source` is not a local
     folder with a readable one (a hub id: ask transformers' AutoConfig)."""
-    config = Path(source) / "config.json"
-    if not config.is_file():
+    if not (Path(source) / "config.json").is_file():
         return None
-    try:
-        names = json.loads(config.read_text()).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
+    found = _read(source, "config.json", None)
+    if not isinstance(found, dict):
         return None
-    return [str(a) for a in names]
+    return [str(a) for a in found.get("architectures") or []]
+
+
+def model_type(source: str, revision: str | None = None) -> str | None:
+    """The sentence-transformers class the folder was saved from; None for folders without
+    the file or the key (sentence-transformers < 5 wrote no model_type: SentenceTransformers,
+    or plain transformers folders)."""
+    found = _read(source, ST_CONFIG, revision)
+    kind = found.get("model_type") if isinstance(found, dict) else None
+    return str(kind) if isinstance(kind, str) else None
+
+
+def has_modules(source: str, revision: str | None = None) -> bool:
+    """Whether the folder lists sentence-transformers modules (modules.json)."""
+    path = Path(source)
+    if path.is_dir():
+        return (path / "modules.json").is_file()
+    return isinstance(_read(source, "modules.json", revision), list)

@@ -102,21 +102,29 @@ class NativeEngine:
 
     # ------------------------------------------------------------ calls
 
-    async def _run(self, inputs: Sequence[Any]) -> tuple[list[Any], int]:
+    async def _run(self, inputs: Sequence[Any], task: str | None = None) -> tuple[list[Any], int]:
         """The runner's results for `inputs`, and the tokens they took (after truncation,
         special tokens included)."""
         if not self.is_running:
             raise EngineStopped(f"model {self.name!r}: the engine is not running")
         loop = asyncio.get_running_loop()
-        rows = await loop.run_in_executor(self._prepare, self.runner.prepare, list(inputs))
+        rows = await loop.run_in_executor(self._prepare, self.runner.prepare, list(inputs), task)
         costs = [r.length for r in rows]
         results = await self.scheduler.submit(rows, costs, background=in_background())
-        return results, sum(costs)
+        return results, sum(r.used for r in rows)
 
-    async def embed(self, sentences: Sequence[str]) -> tuple[list[Any], int]:
-        """Unit vectors (or token vectors) with their tokens and norms; usage in tokens."""
+    @property
+    def modes(self) -> bool:
+        """Whether the model embeds queries and documents apart (a MultiVectorEncoder)."""
+        return bool(self.runner.modes)
+
+    async def embed(
+        self, sentences: Sequence[str], task: str | None = None
+    ) -> tuple[list[Any], int]:
+        """Unit vectors (or token vectors) with their tokens and norms; usage in tokens.
+        `task`: "query" or "document" on a model with modes (its default: document)."""
         self._check("embed")
-        return await self._run(sentences)
+        return await self._run(sentences, task)
 
     async def image_embed(self, *, images: Sequence[Any]) -> tuple[list[Any], int]:
         """Unit vectors of decoded images (PIL), in the space of the model's text vectors."""
@@ -228,24 +236,7 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
         options["model_kwargs"] = {"dtype": config.dtype}
     elif config.dtype != "auto":
         raise ValueError(f"dtype {config.dtype!r} is not served by the native engine")
-    kind: TextKind
-    multivector = False
-    if any(a.endswith("ForSequenceClassification") for a in archs):
-        from sentence_transformers import CrossEncoder
-
-        model: Any = CrossEncoder(source, **options)
-        kind = "crossencoder" if model.num_labels == 1 else "classifier"
-    elif config.kind == "sparse" or (
-        config.kind == "auto" and any(a.endswith("ForMaskedLM") for a in archs)
-    ):
-        model, kind = _sparse_encoder(source, options), "sparse"
-    else:
-        from sentence_transformers import SentenceTransformer
-
-        model = SentenceTransformer(source, **options)
-        modalities = set(getattr(model, "modalities", None) or ["text"])
-        kind = "clip" if "image" in modalities else "clap" if "audio" in modalities else "embedder"
-        multivector = kind == "embedder" and bool(archs) and "colbert" in archs[0].lower()
+    model, kind, multivector = _load_model(config, source, archs, options)
     exported: Path | None = None
     if config.backend != "torch":
         if kind != "embedder" or multivector:
@@ -261,13 +252,80 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
         # torch's own nn.Module.compile: the model's forward, which preprocess + model() run,
         # compiled on first use per shape family (dynamic: batches vary in size and length).
         model.compile(dynamic=True)
-    runner = TextRunner(model, kind, threads, multivector=multivector, exported=exported)
+    runner = TextRunner(
+        model,
+        kind,
+        threads,
+        multivector=multivector,
+        exported=exported,
+        modes=type(model).__name__ == "MultiVectorEncoder",
+    )
     return NativeEngine(
         runner,
         name=config.served_name,
         batch_size=config.batch_size,
         max_batch_tokens=config.max_batch_tokens,
     )
+
+
+# The library's model classes, by the model_type its config_sentence_transformers.json names.
+_CLASSES = ("SentenceTransformer", "SparseEncoder", "CrossEncoder", "MultiVectorEncoder")
+
+
+def model_class(config: Any, source: str, archs: list[str]) -> str:
+    """Which of the library's classes loads the folder, from its own files: the model_type
+    it was saved with; else its architectures (a `*ForSequenceClassification` or a bare
+    `*ForCausalLM` without sentence-transformers modules is a CrossEncoder, as
+    CrossEncoder reads them: classifier head / yes-no log-odds; a masked LM is a SPLADE
+    SparseEncoder); else a SentenceTransformer. `kind = "sparse"` asks for a SparseEncoder."""
+    saved = folders.model_type(source, config.revision)
+    if config.kind == "sparse":
+        return "SparseEncoder"
+    if config.kind == "dense" and saved == "SparseEncoder":
+        return "SentenceTransformer"
+    if saved in _CLASSES:
+        return saved
+    if any(a.endswith("ForSequenceClassification") for a in archs):
+        return "CrossEncoder"
+    modules = folders.has_modules(source, config.revision)
+    if not modules and any(a.endswith("ForCausalLM") for a in archs):
+        return "CrossEncoder"
+    if config.kind == "auto" and any(a.endswith("ForMaskedLM") for a in archs):
+        return "SparseEncoder"
+    return "SentenceTransformer"
+
+
+def _load_model(
+    config: Any, source: str, archs: list[str], options: dict[str, Any]
+) -> tuple[Any, TextKind, bool]:
+    """The library's model for the folder, its kind, and whether it gives token vectors."""
+    import sentence_transformers
+
+    name = model_class(config, source, archs)
+    try:
+        model = getattr(sentence_transformers, name)(source, **options)
+    except Exception as exc:
+        saved = folders.model_type(source, config.revision)
+        found = f"architectures {archs or 'none'}, model_type {saved or 'none'}"
+        raise ValueError(
+            f"{source}: sentence-transformers' {name} cannot load it ({found}): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if name == "CrossEncoder":
+        return model, ("crossencoder" if model.num_labels == 1 else "classifier"), False
+    if name == "SparseEncoder":
+        _check_splade(model)
+        return model, "sparse", False
+    if name == "MultiVectorEncoder":
+        return model, "embedder", True
+    modalities = set(getattr(model, "modalities", None) or ["text"])
+    kind: TextKind = (
+        "clip" if "image" in modalities else "clap" if "audio" in modalities else "embedder"
+    )
+    # A ColBERT checkpoint read as a SentenceTransformer: its token vectors (mean pooling
+    # would give a vector nobody trained)
+    multivector = kind == "embedder" and bool(archs) and "colbert" in archs[0].lower()
+    return model, kind, multivector
 
 
 def _check_library() -> None:
@@ -282,19 +340,15 @@ def _check_library() -> None:
         )
 
 
-def _sparse_encoder(source: str, options: dict[str, Any]) -> Any:
+def _check_splade(model: Any) -> None:
     """A SparseEncoder that pools SPLADE-style (max over tokens of log(1 + relu(logits))):
     the library builds one from a masked-LM folder, or reads the folder's own sparse modules.
     Anything else it might build (a sparse auto-encoder over a dense model) is refused."""
-    # sentence-transformers >= 5 (the native stack); the default environment's 3.4 lacks it
-    from sentence_transformers import SparseEncoder  # type: ignore[attr-defined,unused-ignore]
     from sentence_transformers.sparse_encoder.modules import SpladePooling
 
-    model = SparseEncoder(source, **options)
     if not any(isinstance(m, SpladePooling) for m in model):
         found = ", ".join(type(m).__name__ for m in model)
         raise ValueError(
             f"kind = 'sparse' needs a SPLADE model (a masked-LM folder, or sentence-"
             f"transformers sparse modules with SpladePooling); this folder gives {found}"
         )
-    return model

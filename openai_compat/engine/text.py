@@ -44,21 +44,38 @@ class Row:
     # Rows with the same group can share one forward pass (group_of; set when the row is
     # made, on the preparation thread, so the forward thread only compares it).
     group: tuple[Any, ...] = ()
+    # The input's own tokens (usage): `length` less a ColBERT query's expansion tokens,
+    # which cost a forward pass but were not sent.
+    used: int = -1
+    task: str | None = None  # a multi-vector model's mode ("query", "document"); None: none
+
+    def __post_init__(self) -> None:
+        if self.used < 0:
+            self.used = self.length
 
 
-def group_of(shared: dict[str, Any], tensors: dict[str, Any] | None = None) -> tuple[Any, ...]:
-    """The group of token rows with these per-batch keys, or (given an input's tensors) of a
-    pixel or audio row: those stack only with rows of the same shapes."""
+def group_of(
+    shared: dict[str, Any], tensors: dict[str, Any] | None = None, task: str | None = None
+) -> tuple[Any, ...]:
+    """The group of token rows with these per-batch keys (and mode), or (given an input's
+    tensors) of a pixel or audio row: those stack only with rows of the same shapes."""
     shapes = () if tensors is None else tuple(tuple(t.shape) for t in tensors.values())
-    return (tensors is None, tuple(sorted((k, repr(v)) for k, v in shared.items())), shapes)
+    keys = tuple(sorted((k, repr(v)) for k, v in shared.items()))
+    return (tensors is None, keys, shapes, task)
+
+
+# A ColBERT query's expansion tokens (sentence-transformers' query_expansion): attended to or
+# not, they are part of the row (MaxSim scores them), so a row runs to its last one.
+_EXPANSION = "query_expansion_positions"
 
 
 def split_rows(
-    features: dict[str, Any], left: bool, cost: int = 1
+    features: dict[str, Any], left: bool, cost: int = 1, task: str | None = None
 ) -> tuple[list[Row], dict[str, Any]]:
     """preprocess's batch -> one Row per input, and the per-batch keys. With an attention
-    mask the rows are token rows (cut to their length); without one (pixel values, audio
-    features) each input's tensors are kept whole at `cost` each."""
+    mask the rows are token rows (cut to their length: the attention mask's, or to the last
+    expansion token of a ColBERT query); without one (pixel values, audio features) each
+    input's tensors are kept whole at `cost` each."""
     import torch
 
     tensors = {k: v for k, v in features.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
@@ -76,15 +93,19 @@ def split_rows(
         rows = []
         for i in range(n):
             whole = {k: v[i] for k, v in per_row.items()}
-            rows.append(Row(whole, cost, shared, False, group_of(shared, whole)))
+            rows.append(Row(whole, cost, shared, False, group_of(shared, whole, task), task=task))
         return rows, shared
-    group = group_of(shared)
+    group = group_of(shared, task=task)
+    extent = mask.bool()
+    if _EXPANSION in per_row:
+        extent = extent | per_row[_EXPANSION].bool()
     rows = []
-    for i, length in enumerate(mask.sum(dim=1).tolist()):
+    for i, (length, used) in enumerate(
+        zip(extent.sum(dim=1).tolist(), mask.sum(dim=1).tolist(), strict=True)
+    ):
         cut = slice(width - length, width) if left else slice(0, length)
-        rows.append(
-            Row({k: v[i, cut] for k, v in per_row.items()}, int(length), shared, True, group)
-        )
+        tensors = {k: v[i, cut] for k, v in per_row.items()}
+        rows.append(Row(tensors, int(length), shared, True, group, int(used), task))
     return rows, shared
 
 
@@ -114,7 +135,8 @@ def collate(rows: Sequence[Row], shared: dict[str, Any], pad_id: int, left: bool
 
 class TextRunner:
     """One sentence-transformers model: prepare on any (one) thread, run on the forward
-    thread only (scheduler.Scheduler)."""
+    thread only (scheduler.Scheduler). `modes`: a MultiVectorEncoder, whose queries and
+    documents are prepared and run apart (encode_query / encode_document's `task`)."""
 
     def __init__(
         self,
@@ -123,9 +145,11 @@ class TextRunner:
         threads: int,
         multivector: bool = False,
         exported: Path | None = None,
+        modes: bool = False,
     ):
         self.model, self.kind, self.threads = model, kind, threads
         self.multivector = multivector
+        self.modes = modes
         self.exported = exported  # the export's folder, where one runs the forward pass
         tokenizer = model.tokenizer
         self.tokenizer = tokenizer
@@ -153,22 +177,31 @@ class TextRunner:
 
     # ------------------------------------------------------------ any thread (preparation)
 
-    def prepare(self, inputs: Sequence[Any]) -> list[Row]:
+    def prepare(self, inputs: Sequence[Any], task: str | None = None) -> list[Row]:
         """A caller's inputs -> rows. Texts (and (text, text) pairs for cross-encoders), images
         and audio files go through the model's preprocess; TokenIds are taken as given, no
-        specials added. One call's inputs are of one modality (the engine's calls are)."""
+        specials added. One call's inputs are of one modality (the engine's calls are).
+        `task` (a model with modes): "query" or "document", as encode_query /
+        encode_document prepare them (a caller's prompt is already in the text)."""
+        if task is not None and not self.modes:
+            raise ValueError("this model has no query and document modes")
+        if self.modes and task is None:
+            task = "document"  # encode()'s and encode_document's side
         rows: list[Row | None] = [None] * len(inputs)
         given = [i for i, x in enumerate(inputs) if not isinstance(x, TokenIds)]
         if given:
             batch = [inputs[i] for i in given]
             if self.kind == "clap" and isinstance(batch[0], bytes | bytearray):
                 batch = [_audio(b) for b in batch]
-            features = self.model.preprocess(batch)
-            made, _ = split_rows(features, self.left, self._cost(features))
+            extra = {} if task is None else {"task": task}
+            features = self.model.preprocess(batch, **extra)
+            made, _ = split_rows(features, self.left, self._cost(features), task)
             for i, row in zip(given, made, strict=True):
                 rows[i] = row
         for i, x in enumerate(inputs):
             if isinstance(x, TokenIds):
+                if task is not None:  # the mode's markers and expansion come from preprocess
+                    raise ValueError("token-id inputs cannot be embedded in a query/document mode")
                 rows[i] = self._ids_row(x.ids)
         return [r for r in rows if r is not None]
 
@@ -231,8 +264,9 @@ class TextRunner:
         import torch
 
         features = collate(rows, rows[0].shared, self.pad_id, self.left)
+        task = rows[0].task  # one group: one mode
         with torch.inference_mode():
-            out = self.model(features)
+            out = self.model(features) if task is None else self.model(features, task=task)
             if self.kind in ("crossencoder", "classifier"):
                 return self._scores(out)
             if self.kind == "sparse":
@@ -244,19 +278,17 @@ class TextRunner:
             tokens = out["token_embeddings"].float()
             mask = out["attention_mask"].bool()
             return [
-                TokenCountedArray.of(t[m].cpu().numpy(), r.length)
+                TokenCountedArray.of(t[m].cpu().numpy(), r.used)
                 for t, m, r in zip(tokens, mask, rows, strict=True)
             ]
         unit, norms = unit_rows(out["sentence_embedding"].float().cpu().numpy())
-        return [
-            TokenCountedArray.of(unit[i], r.length, float(norms[i])) for i, r in enumerate(rows)
-        ]
+        return [TokenCountedArray.of(unit[i], r.used, float(norms[i])) for i, r in enumerate(rows)]
 
     def _sparse(self, out: dict[str, Any], rows: Sequence[Row]) -> list[Any]:
         from openai_compat.sparse import SparseVector
 
         matrix = out["sentence_embedding"].float().cpu().numpy()
-        return [SparseVector.from_dense(matrix[i], r.length) for i, r in enumerate(rows)]
+        return [SparseVector.from_dense(matrix[i], r.used) for i, r in enumerate(rows)]
 
     def _scores(self, out: dict[str, Any]) -> list[Any]:
         """Raw scores (logits) per input: the tails of rerank and classify apply to them."""

@@ -69,9 +69,11 @@ class ModelServer:
             **{field: getattr(entry, field) for field in ENTRY_FIELDS},
         }
 
-    async def embed(self, texts: list[str], background: bool = False) -> tuple[dict[str, Any], int]:
+    async def embed(
+        self, texts: list[str], task: str | None = None, background: bool = False
+    ) -> tuple[dict[str, Any], int]:
         with self._serving("embed", len(texts), background):
-            vectors, usage = await self.entry.embed(texts)
+            vectors, usage = await self.entry.embed(texts, task)
         return pack(vectors), usage
 
     async def image_embed(

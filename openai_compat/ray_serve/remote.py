@@ -112,8 +112,11 @@ class RemoteEngine:
                 ) from exc
             raise
 
-    async def embed(self, sentences: Sequence[str]) -> tuple[list[Any], int]:
-        packed, usage = await self._call("embed", list(sentences))
+    async def embed(
+        self, sentences: Sequence[str], task: str | None = None
+    ) -> tuple[list[Any], int]:
+        args: tuple[Any, ...] = (list(sentences),) if task is None else (list(sentences), task)
+        packed, usage = await self._call("embed", *args)
         return unpack(packed), usage
 
     async def image_embed(self, *, images: Sequence[Any]) -> tuple[list[Any], int]:
@@ -188,6 +191,7 @@ ENTRY_FIELDS = (
     "dimensions",
     "max_length",
     "multivector",
+    "modes",
     "engine_counts",
     "raw_output",
     "exact_token_ids",
