@@ -29,6 +29,7 @@ import pytest
 
 from openai_compat import demo_models
 from openai_compat.settings import ModelConfig, Settings
+from tests import families
 from tests.fixtures.hub_cache import seed
 from tests.utils import ROOT, SERVER_ENV, RemoteServer
 
@@ -45,6 +46,12 @@ HUB_STAND_INS = {
     "philschmid/tiny-bert-sst2-distilled": "classifier",
     "intfloat/e5-small-v2": "minilm",
     "naver/splade-cocondenser-ensembledistil": "splade",
+    # configs/families.toml: tiny models of each family's shape (tests/families.py)
+    "Qwen/Qwen3-Embedding-0.6B": "qwen3-embed",
+    "Qwen/Qwen3-Reranker-0.6B": "qwen3-rerank",
+    "lightonai/GTE-ModernColBERT-v1": "colbert",
+    "Alibaba-NLP/gte-modernbert-base": "modernbert",
+    "google/embeddinggemma-300m": "gemma3",
 }
 
 
@@ -159,6 +166,7 @@ def hub_cache(
         "clip": tiny_media_models["clip"],
         "splade": splade_path,
     }
+    local.update(families.build(tmp_path_factory.mktemp("families"), minilm_path))
     cache = tmp_path_factory.mktemp("hub-cache")
     for repo, stand_in in HUB_STAND_INS.items():
         seed(cache, repo, local[stand_in])

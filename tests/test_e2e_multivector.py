@@ -1,9 +1,9 @@
 """Multi-vector (late-interaction) embeddings on the wire, end to end.
 
-infinity-emb returns one vector per token for ColBERT-style text models. ColPali needs
-colpali-engine, which requires transformers 5 and torchvision (neither fits beside
-infinity-emb 0.0.78 here), so the multi-vector wire format is exercised with a ColBERT-style
-model made offline: the packaged MiniLM, declared as a ColBERT architecture.
+A folder whose architecture is Stanford's HF_ColBERT is read as sentence-transformers'
+MultiVectorEncoder (as that class detects it) and answers one vector per token. The packaged
+MiniLM, declared as that architecture, stands in for a ColBERT checkpoint; the families with
+query/document modes are tests/test_model_families.py's.
 """
 
 from __future__ import annotations

@@ -274,7 +274,8 @@ _CLASSES = ("SentenceTransformer", "SparseEncoder", "CrossEncoder", "MultiVector
 
 def model_class(config: Any, source: str, archs: list[str]) -> str:
     """Which of the library's classes loads the folder, from its own files: the model_type
-    it was saved with; else its architectures (a `*ForSequenceClassification` or a bare
+    it was saved with (PyLate's "ColBERT" and Stanford's HF_ColBERT architecture are
+    MultiVectorEncoders, as that class detects them); else its architectures (a `*ForSequenceClassification` or a bare
     `*ForCausalLM` without sentence-transformers modules is a CrossEncoder, as
     CrossEncoder reads them: classifier head / yes-no log-odds; a masked LM is a SPLADE
     SparseEncoder); else a SentenceTransformer. `kind = "sparse"` asks for a SparseEncoder."""
@@ -283,6 +284,8 @@ def model_class(config: Any, source: str, archs: list[str]) -> str:
         return "SparseEncoder"
     if config.kind == "dense" and saved == "SparseEncoder":
         return "SentenceTransformer"
+    if saved == "ColBERT" or (saved is None and "HF_ColBERT" in archs):
+        return "MultiVectorEncoder"  # PyLate <= 3, Stanford ColBERT: as the library reads them
     if saved in _CLASSES:
         return saved
     if any(a.endswith("ForSequenceClassification") for a in archs):
