@@ -275,10 +275,11 @@ _CLASSES = ("SentenceTransformer", "SparseEncoder", "CrossEncoder", "MultiVector
 def model_class(config: Any, source: str, archs: list[str]) -> str:
     """Which of the library's classes loads the folder, from its own files: the model_type
     it was saved with (PyLate's "ColBERT" and Stanford's HF_ColBERT architecture are
-    MultiVectorEncoders, as that class detects them); else its architectures (a `*ForSequenceClassification` or a bare
-    `*ForCausalLM` without sentence-transformers modules is a CrossEncoder, as
-    CrossEncoder reads them: classifier head / yes-no log-odds; a masked LM is a SPLADE
-    SparseEncoder); else a SentenceTransformer. `kind = "sparse"` asks for a SparseEncoder."""
+    MultiVectorEncoders, as that class detects them); else its architectures (a
+    `*ForSequenceClassification` or a bare `*ForCausalLM` without sentence-transformers
+    modules is a CrossEncoder, as CrossEncoder reads them: classifier head / yes-no
+    log-odds; a masked LM is a SPLADE SparseEncoder); else a SentenceTransformer.
+    `kind = "sparse"` asks for a SparseEncoder."""
     saved = folders.model_type(source, config.revision)
     if config.kind == "sparse":
         return "SparseEncoder"
