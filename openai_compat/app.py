@@ -38,6 +38,7 @@ from openai_compat.middleware import FastPathMiddleware, GatewayMiddleware, fast
 from openai_compat.pool import ModelPool
 from openai_compat.registry import EngineFailure, ModelEntry, Registry
 from openai_compat.settings import Settings, engine_package
+from openai_compat.tenants import Tenants
 
 logger = logging.getLogger("openai_compat")
 
@@ -113,7 +114,9 @@ def create_app(
         max_audio_seconds=settings.max_audio_seconds,
     )
 
-    batches = BatchService(settings, lifecycle)
+    # The keys in force (a keys file that cannot be used stops start-up: KeysFileError)
+    tenants = Tenants(settings.api_key, settings.keys_file, served=registry.all_names)
+    batches = BatchService(settings, lifecycle, tenants)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -125,9 +128,13 @@ def create_app(
             loader = asyncio.create_task(_load(registry, lifecycle, settings), name="load-models")
         if batch_runner:
             batches.start(app)
+        watcher = asyncio.create_task(tenants.watch(), name="keys-file")
         try:
             yield
         finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
             lifecycle.drain()
             await batches.stop()
             if loader is not None and not loader.done():
@@ -156,6 +163,7 @@ def create_app(
     app.state.media = media
     app.state.bodies = bodies
     app.state.batches = batches
+    app.state.tenants = tenants
     metrics = Metrics(registry)
     app.state.metrics = metrics
     install_error_handlers(app)
@@ -206,6 +214,7 @@ def create_app(
         lifecycle=lifecycle,
         metrics=metrics,
         known_paths=known,
+        tenants=tenants,
     )
     return app
 

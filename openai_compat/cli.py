@@ -135,9 +135,14 @@ def serve(settings: Settings) -> int:
     from openai_compat.app import create_app
     from openai_compat.lifecycle import loaders_running
     from openai_compat.server import DrainingServer
+    from openai_compat.tenants.keys import KeysFileError
 
     logs.configure(settings.log_level, settings.log_format)
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except KeysFileError as exc:
+        print(f"openai-compat: keys file error: {exc}", file=sys.stderr)
+        return 2
     server = DrainingServer(app, settings)
     fatal: list[str] = []
 

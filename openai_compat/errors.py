@@ -73,6 +73,12 @@ class Unauthorized(APIError):
     default_code = "invalid_api_key"
 
 
+class Forbidden(APIError):
+    status = 403
+    type = "invalid_request_error"
+    default_code = "permission_denied"
+
+
 class ModelNotFound(APIError):
     status = 404
     type = "invalid_request_error"

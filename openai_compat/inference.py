@@ -24,6 +24,7 @@ from openai_compat.prompts import mode_of
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
 from openai_compat.sparse import check_finite as check_sparse_finite
+from openai_compat.tenants.limits import counts_first, reserve_tokens
 from openai_compat.tokens import Names, input_names
 
 # Token ids beyond this many per request are decoded in a worker thread, off the event loop.
@@ -183,10 +184,12 @@ async def _embed(
         texts = [prompt + t for t in texts]
     counter = entry.counter
     with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
-        if counter is not None and (not truncate or counter.needs_cutting(texts)):
-            # Measure first: over-long input is refused before it costs engine time, and
-            # huge texts reach the engine cut a few tokens past the model's limit.
+        if counter is not None and (not truncate or counts_first() or counter.needs_cutting(texts)):
+            # Measure first: over-long input is refused before it costs engine time, huge
+            # texts reach the engine cut a few tokens past the model's limit, and a key's
+            # tokens-per-minute is charged before the model runs (tenants/limits.py).
             tokens, prepared = await counter.prepare(texts, truncate=truncate, names=names)
+            reserve_tokens(tokens)
             vectors, usage = await entry.embed(prepared, mode)
             exact = settings.count_tokens or not truncate
             return EmbedResult(vectors, tokens if exact else int(usage))
@@ -213,6 +216,7 @@ async def _embed_ids(
                 if not truncate:
                     raise InputTooLong(names(i), len(t.ids), limit)
                 inputs[i] = TokenIds(t, t.ids[:limit])
+    reserve_tokens(sum(len(t.ids) for t in inputs))
     with entry.admit(len(inputs), settings.max_queued_inputs), engine_errors():
         vectors, _ = await entry.embed(list(inputs))
     return EmbedResult(vectors, sum(len(t.ids) for t in inputs))

@@ -169,6 +169,22 @@ class Metrics:
             ["route"],
             registry=r,
         )
+        # Per caller (tenants/): the keys file's names and "api-key" for --api-key keys.
+        self.key_requests = Counter(
+            "openai_compat_key_requests",
+            "Requests by key name and status (429: its rate limits or a full queue).",
+            ["key", "status"],
+            registry=r,
+        )
+        self.key_inputs = Counter(
+            "openai_compat_key_inputs", "Inputs served, by key name.", ["key"], registry=r
+        )
+        self.key_tokens = Counter(
+            "openai_compat_key_tokens",
+            "Tokens counted in usage, by key name.",
+            ["key"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "openai_compat_requests_in_flight", "HTTP requests being served.", registry=r
         )

@@ -1,7 +1,9 @@
 """Pure ASGI middleware: the gateway in front of every route, and the POST fast path.
 
-Gateway, per HTTP request: request id (honoured or made, echoed), API-key check, body size
-limit, refusal while draining, in-flight accounting, metrics and one access-log line.
+Gateway, per HTTP request: request id (honoured or made, echoed), the caller's key (who it is,
+whether it may reach the path, its rate limits: tenants/), body size limit, refusal while
+draining, in-flight accounting, metrics and one access-log line. Every decision reads the raw
+ASGI path (`scope["path"]`), never a URL rebuilt from the Host header.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from openai_compat.errors import (
     SHARED_KEYS,
     APIError,
+    Forbidden,
     NotFound,
     PayloadTooLarge,
     ServiceUnavailable,
@@ -39,6 +42,10 @@ from openai_compat.lifecycle import Lifecycle
 from openai_compat.metrics import Metrics, RouteLabels
 from openai_compat.settings import Settings
 from openai_compat.slots import raise_if_unloaded, request_leases
+from openai_compat.tenants import RUN_AS, Tenants
+from openai_compat.tenants.keys import Key
+from openai_compat.tenants.limits import Caller
+from openai_compat.tenants.limits import current as current_caller
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -53,7 +60,9 @@ UPLOAD_PATHS = frozenset({"/v1/files", "/files"})
 PAGE_PATHS = frozenset({"/", "/playground", "/playground/app.js", "/playground/app.css"})
 # The docs pages' UI code (api/docs.py): public, holds no data.
 DOC_ASSETS_PREFIX = "/docs/assets/"
-ADMIN_PREFIX = "/admin"  # model load/unload (api/admin.py): the admin key only
+ADMIN_PREFIX = "/admin"  # model load/unload (api/admin.py): the admin key or an admin key
+# The Files and Batch APIs (a key with `batch = false` may not use them)
+BATCH_PREFIXES = ("/v1/files", "/files", "/v1/batches", "/batches")
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 
 
@@ -96,13 +105,14 @@ class GatewayMiddleware:
         lifecycle: Lifecycle,
         metrics: Metrics,
         known_paths: frozenset[str],
+        tenants: Tenants | None = None,
     ) -> None:
         self.app = app
         self.lifecycle = lifecycle
         self.metrics = metrics
         self.known = known_paths
         self.route_label = RouteLabels(known_paths)
-        self.keys = [k.encode() for k in settings.api_key]
+        self.tenants = tenants if tenants is not None else Tenants(settings.api_key)
         self.admin_keys = [settings.admin_key.encode()] if settings.admin_key else []
         protect = settings.protect_docs_and_metrics
         self.open_paths = PROBE_PATHS if protect else PROBE_PATHS | DOC_PATHS
@@ -111,16 +121,28 @@ class GatewayMiddleware:
         self.max_upload = settings.batch_max_file_bytes + 1024 * 1024
         self.access_log = settings.access_log
 
-    def _authorized(self, scope: Scope, keys: list[bytes] | None = None) -> bool:
+    @staticmethod
+    def _token(scope: Scope) -> bytes:
         header = _header(scope, b"authorization") or b""
         scheme, _, token = header.partition(b" ")
-        if scheme.lower() != b"bearer":
-            token = b""
-        token = token.strip()
+        return token.strip() if scheme.lower() == b"bearer" else b""
+
+    def _admin_key(self, scope: Scope) -> bool:
+        token = self._token(scope)
         ok = False
-        for key in self.keys if keys is None else keys:  # each in constant time
+        for key in self.admin_keys:  # each in constant time
             ok |= hmac.compare_digest(token, key)
         return ok
+
+    def _identify(self, scope: Scope) -> Key | None:
+        """The key the request presents: one of the ring's, or (a Batch API line of this
+        process, its secret as the token) the batch owner's key as it is now."""
+        token = self._token(scope)
+        tenants = self.tenants
+        if hmac.compare_digest(token, tenants.internal):
+            owner = _header(scope, RUN_AS)
+            return tenants.by_owner(owner.decode("latin-1")) if owner is not None else None
+        return tenants.ring.find(token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -147,10 +169,24 @@ class GatewayMiddleware:
             await send(message)
 
         prefix = bytearray()  # the body's first bytes: a shared path's dialect, for errors
-        refusal = self._refuse(scope, path)
+        key_box: list[Key | None] = [None]
+        refusal = self._refuse(scope, path, key_box)
+        key = key_box[0]
+        if key is not None:
+            state["key"] = key.name
+        if refusal is None and key is not None:
+            try:
+                self.tenants.limiter.admit(key)
+            except APIError as exc:
+                refusal = "rate_limited", exc
+            if refusal is not None and key.limited:
+                assert refusal[1].headers is not None
+                for name, value in self.tenants.limiter.headers(key):
+                    refusal[1].headers[name.decode()] = value.decode()
         if refusal is not None:
             reason, error = refusal
             self.metrics.rejected.labels(reason).inc()
+            state["refused"] = reason
             if path in SHARED_KEYS and scope["method"] == "POST":
                 prefix += await _first_bytes(receive)
             family = family_from_prefix(path, bytes(prefix)) or family_of(path)
@@ -162,6 +198,18 @@ class GatewayMiddleware:
         if counted:
             self.lifecycle.inflight += 1
             self.metrics.in_flight.inc()
+        caller = Caller(key, self.tenants.limiter) if key is not None else None
+        entered = current_caller.set(caller)
+        if key is not None and key.limited:
+            limiter = self.tenants.limiter
+            inner_send = send_with_id
+
+            async def send_with_id(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    headers = [*message.get("headers", []), *limiter.headers(key)]
+                    message = {**message, "headers": headers}
+                await inner_send(message)
+
         try:
             await self.app(scope, self._limited(receive, self._cap(path), prefix), send_with_id)
         except PayloadTooLarge as exc:  # a chunked body outgrew the limit mid-stream
@@ -181,27 +229,49 @@ class GatewayMiddleware:
                     await api_error_response(cut, family_of(path))(scope, receive, send_with_id)
             raise
         finally:
+            current_caller.reset(entered)
             if counted:
                 self.lifecycle.inflight -= 1
                 self.metrics.in_flight.dec()
             status = CLIENT_CLOSED if state.get("cancelled") else status_box[0]
+            if caller is not None:
+                self._settle(caller, state, status)
             self._record(scope, path, status, start)
 
-    def _refuse(self, scope: Scope, path: str) -> tuple[str, APIError] | None:
+    def _settle(self, caller: Caller, state: dict[str, Any], status: int) -> None:
+        """The request is over: its place in flight back, its tokens charged (those not
+        taken before the model ran)."""
+        limiter = caller.limiter
+        limiter.release(caller.key)
+        if status == 200:
+            rest = int(state.get("tokens", 0) or 0) - caller.reserved_tokens
+            limiter.charge(caller.key, rest)
+
+    def _refuse(
+        self, scope: Scope, path: str, key_box: list[Key | None]
+    ) -> tuple[str, APIError] | None:
         if path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"):
-            return self._refuse_admin(scope)
+            return self._refuse_admin(scope, key_box)
         page = path in PAGE_PATHS or path.startswith(DOC_ASSETS_PREFIX)
         open_page = page and scope["method"] in ("GET", "HEAD")
-        if (
-            self.keys
-            and path not in self.open_paths
-            and not open_page
-            and not self._authorized(scope)
-        ):
-            return "unauthorized", Unauthorized(
-                "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        if self.tenants.enabled and path not in self.open_paths and not open_page:
+            key = self._identify(scope)
+            if key is None:
+                return "unauthorized", Unauthorized(
+                    "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+            if key.expired(self.tenants.now()):
+                return "unauthorized", Unauthorized(
+                    "This API key has expired.",
+                    code="expired_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+            key_box[0] = key
+            if not key.batch and _under(path, BATCH_PREFIXES):
+                return "forbidden", Forbidden(
+                    f"Key {key.name!r} may not use the Files and Batch APIs."
+                )
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self._cap(path):
             return "too_large", self._too_large(self._cap(path))
@@ -213,18 +283,25 @@ class GatewayMiddleware:
             )
         return None
 
-    def _refuse_admin(self, scope: Scope) -> tuple[str, APIError] | None:
-        """The admin routes take the admin key alone; without one they do not exist."""
-        if not self.admin_keys:
+    def _refuse_admin(self, scope: Scope, key_box: list[Key | None]) -> tuple[str, APIError] | None:
+        """The admin routes take the admin key, or a keys-file key with `admin = true`;
+        with neither configured they do not exist."""
+        admins = any(k.admin for k in self.tenants.ring.keys)
+        if not self.admin_keys and not admins:
             return "not_found", NotFound(
-                "Not Found (the admin routes are off: start the server with --admin-key)."
+                "Not Found (the admin routes are off: start the server with --admin-key, or "
+                "give a key admin = true in the keys file)."
             )
-        if not self._authorized(scope, self.admin_keys):
-            return "unauthorized", Unauthorized(
-                "Incorrect or missing admin key: send 'Authorization: Bearer <admin key>'.",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        return None
+        if self._admin_key(scope):
+            return None
+        key = self._identify(scope) if admins else None
+        if key is not None and key.admin and not key.expired(self.tenants.now()):
+            key_box[0] = key
+            return None
+        return "unauthorized", Unauthorized(
+            "Incorrect or missing admin key: send 'Authorization: Bearer <admin key>'.",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
     def _too_large(self, cap: int | None = None) -> PayloadTooLarge:
         return PayloadTooLarge(f"The request body is larger than {cap or self.max_body} bytes.")
@@ -258,12 +335,18 @@ class GatewayMiddleware:
         model = state.get("model", "")
         m = self.metrics
         m.requests.labels(route, model, str(status)).inc()
-        if status == 429:
+        if status == 429 and "refused" not in state:  # a full queue (the gateway's own counted)
             m.rejected.labels("overloaded").inc()
         m.latency.labels(route).observe(elapsed)
         if model and status == 200:
             m.inputs.labels(model, route).inc(state.get("inputs", 0))
             m.tokens.labels(model).inc(state.get("tokens", 0))
+        key = state.get("key")
+        if key is not None:  # a keys-file name, or "api-key": bounded
+            m.key_requests.labels(key, str(status)).inc()
+            if status == 200:
+                m.key_inputs.labels(key).inc(state.get("inputs", 0) or 0)
+                m.key_tokens.labels(key).inc(state.get("tokens", 0) or 0)
         if self.access_log and access_logger.isEnabledFor(logging.INFO):
             access_logger.info(
                 "%s %s %s %.1fms",
@@ -279,9 +362,14 @@ class GatewayMiddleware:
                     "inputs": state.get("inputs"),
                     "tokens": state.get("tokens"),
                     "status": status,
+                    "key": key,
                     "latency_ms": round(elapsed * 1000, 2),
                 },
             )
+
+
+def _under(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
 def fast_path_table(routes: Iterable[tuple[str, APIRoute]]) -> dict[str, Endpoint]:

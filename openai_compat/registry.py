@@ -15,6 +15,7 @@ from openai_compat.engine.feeder import Feeder, in_background
 from openai_compat.errors import BadRequest, ModelNotFound, RateLimited, ServiceUnavailable
 from openai_compat.prompts import Prompts
 from openai_compat.settings import ModelConfig, check_unique_names
+from openai_compat.tenants.limits import current as current_caller
 from openai_compat.tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -195,12 +196,26 @@ class Registry:
     def complete(self) -> bool:
         return len(self._entries) == len(self.configs)
 
+    def visible(self, served: str) -> bool:
+        """Whether the current request's key may use the model served as `served` (a key's
+        `models` name served names or aliases; each grants the model with all its names).
+        Outside a request, or for a key without `models`: every model."""
+        caller = current_caller.get()
+        if caller is None or caller.key.models is None:
+            return True
+        return served in {self._names.get(m) for m in caller.key.models}
+
+    def _served(self, name: str) -> str:
+        """The served name for `name`, or 404 model_not_found: a model outside the current
+        key's scope is answered exactly as one that does not exist."""
+        served = self._names.get(name)
+        if served is None or not self.visible(served):
+            raise ModelNotFound(name, self.served_names())
+        return served
+
     def config(self, name: str) -> ModelConfig:
         """The configuration behind a served name or alias (loaded or not)."""
-        served = self._names.get(name)
-        if served is None:
-            raise ModelNotFound(name, self.served_names())
-        return self._configs[served]
+        return self._configs[self._served(name)]
 
     def loaded(self, name: str) -> ModelEntry | None:
         """The entry of a served name or alias if that model is loaded now (no lease)."""
@@ -214,18 +229,20 @@ class Registry:
         return list(self.__iter__())
 
     def served_names(self) -> list[str]:
-        """Every name a client may use: served names, then aliases."""
-        names = list(self._order)
-        names += [a for c in self.configs for a in c.aliases]
+        """Every name the current client may use: served names, then aliases."""
+        names = [n for n in self._order if self.visible(n)]
+        names += [a for c in self.configs if self.visible(c.served_name) for a in c.aliases]
         return names
+
+    def all_names(self) -> list[str]:
+        """Every served name and alias, whoever asks (the keys file is checked against it)."""
+        return list(self._names)
 
     # ------------------------------------------------------------ lookups
 
     async def resolve(self, name: str) -> ModelEntry:
         """The model `name` names, loaded (pool.py) and leased to the current request."""
-        served = self._names.get(name)
-        if served is None:
-            raise ModelNotFound(name, self.served_names())
+        served = self._served(name)
         if self.pool is not None:
             return await self.pool.acquire(served)
         entry = self._entries.get(served)

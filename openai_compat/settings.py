@@ -149,6 +149,12 @@ class Settings(BaseModel):
         env=("OPENAI_COMPAT_API_KEYS",),
         secret=True,
     )
+    keys_file: Path | None = _opt(
+        None,
+        "TOML file of [[keys]] tables: each caller's name, key (key_sha256), models, rpm, tpm, "
+        "max_concurrent, weight, batch, admin, expires (docs/operations.md). Reloaded on SIGHUP "
+        "and when it changes; --api-key keys stay valid beside it.",
+    )
     protect_docs_and_metrics: bool = _opt(
         False, "Require the API key on /metrics, /docs and /openapi.json too."
     )

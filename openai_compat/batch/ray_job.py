@@ -44,7 +44,11 @@ class LineWorker:
         # (model_copy does not validate: the value must already be a Path)
         # No API key: the lines reach the app in process, never over a network.
         settings = settings.model_copy(
-            update={"data_dir": Path(tempfile.mkdtemp(prefix="oc-ray-")), "api_key": ()}
+            update={
+                "data_dir": Path(tempfile.mkdtemp(prefix="oc-ray-")),
+                "api_key": (),
+                "keys_file": None,
+            }
         )
         logs.configure("warning", settings.log_format)
         self.endpoint = endpoint
@@ -253,4 +257,4 @@ def _uri(path: str) -> str:
 
 def _actor_settings(settings: Settings) -> str:
     """The settings an actor is built from, as JSON, without the server's API keys."""
-    return settings.model_copy(update={"api_key": ()}).model_dump_json()
+    return settings.model_copy(update={"api_key": (), "keys_file": None}).model_dump_json()

@@ -8,7 +8,6 @@ priority than live requests; state lives in SQLite under --data-dir (store.py).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from typing import Any
 
@@ -24,6 +23,7 @@ from openai_compat.batch.upload import receive_upload
 from openai_compat.encoding import orjson_response
 from openai_compat.errors import APIError, BadRequest
 from openai_compat.protocol import ERROR_RESPONSES
+from openai_compat.tenants.limits import current as current_caller
 
 router = APIRouter(tags=["batch"])
 
@@ -62,14 +62,12 @@ class BatchCreateRequest(BaseModel):
 
 
 def owner_of(request: Request) -> str:
-    """Who owns what this request makes or may see: a hash of its API key ('' when the server
-    has no keys). Files and batches of other keys do not exist for it (404), as on OpenAI."""
-    if not settings_of(request).api_key:
-        return ""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    key = token.strip() if scheme.lower() == "bearer" else ""
-    return hashlib.sha256(key.encode()).hexdigest()[:32]
+    """Who owns what this request makes or may see: its key's name in the keys file (so a
+    rotated key keeps its jobs), a hash of an --api-key key, '' when the server has no keys
+    (tenants.Tenants.owner). Files and batches of other owners do not exist for it (404), as
+    on OpenAI."""
+    caller = current_caller.get()
+    return request.app.state.tenants.owner(caller.key if caller is not None else None)
 
 
 def _service(request: Request) -> BatchService:

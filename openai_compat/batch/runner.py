@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -73,6 +74,10 @@ class _Wave:
     physical: int  # the file's line number of its last line (1-based)
     lines: list[tuple[int, bytes]]  # (line number, raw line)
     task: asyncio.Future[list[LineResult | Retry]]  # Retry: refused for now (429/503)
+
+
+# The owner of the batch whose lines are being sent (its lines run as its key: tenants/).
+running_as: ContextVar[str] = ContextVar("openai_compat_batch_owner", default="")
 
 
 class Runner:
@@ -138,6 +143,7 @@ class Runner:
         obj = await asyncio.to_thread(store.batch, batch_id)
         if obj is None:
             return
+        running_as.set(await asyncio.to_thread(store.batch_owner, batch_id))
         input_path = await asyncio.to_thread(store.file_path, obj["input_file_id"])
         if obj["status"] == "validating":
             if input_path is None or not input_path.exists():

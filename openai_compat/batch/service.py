@@ -14,13 +14,14 @@ from typing import Any
 import httpx
 
 from openai_compat.batch.lines import split_line
-from openai_compat.batch.runner import Gate, Runner
+from openai_compat.batch.runner import Gate, Runner, running_as
 from openai_compat.batch.store import Store, StoreBusy, new_id
 from openai_compat.engine.feeder import background
 from openai_compat.errors import RateLimited, ServiceUnavailable
 from openai_compat.lifecycle import Lifecycle
 from openai_compat.registry import Registry
 from openai_compat.settings import Settings
+from openai_compat.tenants import RUN_AS, Tenants
 
 logger = logging.getLogger("openai_compat.batch")
 
@@ -34,9 +35,12 @@ MAX_UPLOADS = 4
 
 
 class BatchService:
-    def __init__(self, settings: Settings, lifecycle: Lifecycle) -> None:
+    def __init__(
+        self, settings: Settings, lifecycle: Lifecycle, tenants: Tenants | None = None
+    ) -> None:
         self.settings = settings
         self.lifecycle = lifecycle
+        self.tenants = tenants if tenants is not None else Tenants(settings.api_key)
         self._store: Store | None = None
         self._store_lock = threading.Lock()
         self._client: httpx.AsyncClient | None = None
@@ -95,7 +99,7 @@ class BatchService:
         return sum(entry.inflight for entry in self._registry.entries())
 
     def _served(self) -> frozenset[str]:
-        return frozenset(self._registry.served_names()) if self._registry else frozenset()
+        return frozenset(self._registry.all_names()) if self._registry else frozenset()
 
     def _stopping(self) -> bool:
         return self.lifecycle.phase in ("draining", "failed")
@@ -109,13 +113,9 @@ class BatchService:
         bodies = app.state.bodies
         self.runner.off_loop = bodies.run
         self.runner.big = partial(bodies.call, split_line, encode_body=False)
-        headers = {}
-        if self.settings.api_key:
-            headers["Authorization"] = f"Bearer {self.settings.api_key[0]}"
         self._client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
             base_url="http://batch.internal",
-            headers=headers,
             timeout=self.settings.batch_line_timeout,
         )
         self._task = asyncio.create_task(self._serve(), name="batch-runner")
@@ -189,11 +189,14 @@ class BatchService:
         assert self._client is not None
         # its engine calls wait for live ones and have their own admission budget
         # httpx's own timeout never fires through ASGITransport: the line's is enforced here
+        headers = {"Content-Type": "application/json"}
+        if self.tenants.enabled:
+            # as the batch's owner: its key as it is now (scope, limits; tenants/)
+            headers["Authorization"] = "Bearer " + self.tenants.internal.decode()
+            headers[RUN_AS.decode()] = running_as.get()
         async with asyncio.timeout(self.settings.batch_line_timeout):
             with background():
-                resp = await self._client.post(
-                    url, content=body, headers={"Content-Type": "application/json"}
-                )
+                resp = await self._client.post(url, content=body, headers=headers)
         return resp.status_code, resp.content, resp.headers.get("x-request-id", "")
 
     @contextlib.asynccontextmanager

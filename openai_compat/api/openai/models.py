@@ -58,6 +58,7 @@ def model_cards(registry: Registry) -> list[tuple[dict[str, Any], ModelEntry | N
     return [
         (_listed(registry, id), registry.loaded(id))
         for config in registry.configs
+        if registry.visible(config.served_name)
         for id in (config.served_name, *config.aliases)
     ]
 

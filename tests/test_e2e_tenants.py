@@ -1,0 +1,263 @@
+"""Tenants end to end (#41): a real server process with a keys file. Scopes on every route
+family (a model outside a key's scope is a model that does not exist, and is in no list),
+OpenAI's rate-limit headers and 429s, permissions (Files/Batch API, /admin), expiry, reload on
+a file change and on SIGHUP (a bad file keeps the keys in force), per-key metrics and access
+log, and batch ownership by name across a key rotation, with the lines run as their owner."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import cohere
+import httpx
+import openai
+import pytest
+
+from tests.utils import RemoteServer
+
+pytestmark = pytest.mark.slow
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+KEYS = f"""
+[[keys]]
+name = "scoped"
+key_sha256 = "{sha("scoped-key")}"
+models = ["minilm"]
+
+[[keys]]
+name = "requests"
+key_sha256 = "{sha("requests-key")}"
+rpm = 2
+
+[[keys]]
+name = "tokens"
+key_sha256 = "{sha("tokens-key")}"
+models = ["minilm"]
+tpm = 40
+
+[[keys]]
+name = "nobatch"
+key = "nobatch-key"
+batch = false
+
+[[keys]]
+name = "ops"
+key_sha256 = "{sha("ops-key")}"
+admin = true
+
+[[keys]]
+name = "old"
+key_sha256 = "{sha("old-key")}"
+expires = "2020-01-01T00:00:00Z"
+
+[[keys]]
+name = "owner"
+key_sha256 = "{sha("owner-key-1")}"
+models = ["minilm"]
+"""
+
+
+@pytest.fixture(scope="module")
+def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tenants") / "keys.toml"
+    path.write_text(KEYS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def srv(keys_file: Path, minilm_path: str) -> Iterator[RemoteServer]:
+    config = keys_file.parent / "models.toml"
+    config.write_text(
+        f'[[models]]\nname = "minilm"\nmodel = "{minilm_path}"\naliases = ["mini"]\n\n'
+        '[[models]]\nname = "secret"\nmodel = "debug/engine"\nengine = "debugengine"\n'
+    )
+    args = ["--config", str(config), "--keys-file", str(keys_file), "--api-key", "legacy"]
+    with RemoteServer([*args, "--cache-bytes", "0"]) as server:
+        yield server
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def post(srv: RemoteServer, path: str, key: str, body: dict[str, object]) -> httpx.Response:
+    return httpx.post(srv.url + path, json=body, headers=bearer(key), timeout=60)
+
+
+def test_a_plain_key_is_warned_about_and_a_key_is_needed(srv: RemoteServer) -> None:
+    assert "key 'nobatch' is written in plain text; write its key_sha256" in srv.output()
+    body = {"model": "minilm", "input": "hi"}
+    assert httpx.post(srv.url + "/v1/embeddings", json=body).status_code == 401
+    assert post(srv, "/v1/embeddings", "legacy", body).status_code == 200  # --api-key too
+    expired = post(srv, "/v1/embeddings", "old-key", body)
+    assert expired.status_code == 401 and expired.json()["error"]["code"] == "expired_api_key"
+
+
+def test_a_model_outside_the_scope_does_not_exist_on_any_route(srv: RemoteServer) -> None:
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="scoped-key")
+    assert sorted(m.id for m in client.models.list()) == ["mini", "minilm"]  # aliases follow
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.embeddings.create(model="secret", input="hi")
+    error = caught.value.body
+    assert isinstance(error, dict) and error["code"] == "model_not_found"
+    assert "Served models: minilm, mini." in error["message"]  # nothing of the other model
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("secret")
+    assert client.embeddings.create(model="mini", input="hi").data  # an alias is in scope
+    co = cohere.ClientV2(base_url=srv.url, api_key="scoped-key")
+    with pytest.raises(cohere.errors.NotFoundError):
+        co.embed(model="secret", texts=["hi"], input_type="search_query", embedding_types=["float"])
+    # every dialect's list and bare path
+    for path in ("/models", "/v1/models"):
+        listed = httpx.get(srv.url + path, headers=bearer("scoped-key")).json()["data"]
+        assert {m["id"] for m in listed} == {"minilm", "mini"}, path
+    for path, body in (
+        ("/embeddings", {"model": "secret", "input": ["hi"]}),  # infinity's
+        ("/v1/classify", {"model": "secret", "input": ["hi"]}),
+        ("/tokenize", {"model": "secret", "prompt": "hi"}),  # vLLM's
+    ):
+        answer = post(srv, path, "scoped-key", body)
+        assert answer.status_code == 404, (path, answer.text)
+    # a key without `models` sees both
+    everything = httpx.get(srv.url + "/v1/models", headers=bearer("nobatch-key")).json()
+    assert {m["id"] for m in everything["data"]} == {"minilm", "mini", "secret"}
+    # a hostile Host header changes nothing: the decision reads the raw path
+    hostile = httpx.post(
+        srv.url + "/v1/embeddings",
+        json={"model": "secret", "input": "x"},
+        headers={**bearer("scoped-key"), "Host": "x/v1?"},
+    )
+    assert hostile.status_code == 404
+
+
+def test_requests_per_minute_answer_as_openai_does(srv: RemoteServer) -> None:
+    body = {"model": "secret", "input": ["abc"]}
+    first = post(srv, "/v1/embeddings", "requests-key", body)
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-limit-requests"] == "2"
+    assert first.headers["x-ratelimit-remaining-requests"] == "1"
+    assert first.headers["x-ratelimit-reset-requests"].endswith("s")
+    assert "x-ratelimit-limit-tokens" not in first.headers  # no tpm on this key
+    assert post(srv, "/v1/embeddings", "requests-key", body).status_code == 200
+    over = post(srv, "/v1/embeddings", "requests-key", body)  # 30 s per request to refill
+    assert over.status_code == 429
+    error = over.json()["error"]
+    assert (error["code"], error["type"]) == ("rate_limit_exceeded", "rate_limit_error")
+    assert "requests per minute: limit 2" in error["message"]
+    assert int(over.headers["retry-after"]) >= 1
+    assert over.headers["x-ratelimit-remaining-requests"] == "0"
+    # the same limit on another dialect: Cohere's body
+    refused = post(srv, "/v2/embed", "requests-key", {"model": "secret", "texts": ["a"]})
+    assert refused.status_code == 429 and "message" in refused.json()
+
+
+def test_tokens_per_minute_count_what_usage_counts(srv: RemoteServer) -> None:
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="tokens-key", max_retries=0)
+    long = "word " * 60  # 62 tokens with [CLS] and [SEP]: more than the whole tpm of 40
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.embeddings.create(model="minilm", input=long)
+    assert "more than key 'tokens''s whole limit of 40 tokens per minute" in str(caught.value)
+    raw = client.embeddings.with_raw_response.create(model="minilm", input="word " * 20)
+    assert raw.parse().usage.prompt_tokens == 22
+    assert raw.headers["x-ratelimit-limit-tokens"] == "40"
+    assert int(raw.headers["x-ratelimit-remaining-tokens"]) == 18  # taken before it ran
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.embeddings.create(model="minilm", input="word " * 20)  # 22 > 18 left
+    assert "tokens per minute: limit 40 (22 asked)" in str(caught.value)
+
+
+def test_permissions_for_batches_and_admin(srv: RemoteServer) -> None:
+    files = httpx.get(srv.url + "/v1/files", headers=bearer("nobatch-key"))
+    assert files.status_code == 403 and files.json()["error"]["code"] == "permission_denied"
+    assert httpx.get(srv.url + "/v1/files", headers=bearer("scoped-key")).status_code == 200
+    admin = httpx.get(srv.url + "/admin/models", headers=bearer("ops-key"))
+    assert admin.status_code == 200  # admin = true opens /admin without --admin-key
+    assert httpx.get(srv.url + "/admin/models", headers=bearer("scoped-key")).status_code == 401
+
+
+def test_usage_by_key_in_metrics_and_the_access_log(srv: RemoteServer) -> None:
+    post(srv, "/v1/embeddings", "scoped-key", {"model": "minilm", "input": ["a b c"]})
+    metrics = httpx.get(srv.url + "/metrics").text
+    assert 'openai_compat_key_requests_total{key="scoped",status="200"}' in metrics
+    assert 'openai_compat_key_requests_total{key="requests",status="429"}' in metrics
+    assert 'openai_compat_key_tokens_total{key="scoped"}' in metrics
+    assert "scoped-key" not in srv.output()  # the key itself is never written
+
+
+def test_reload_on_change_and_on_sighup_keeping_the_keys_on_a_bad_file(
+    srv: RemoteServer, keys_file: Path
+) -> None:
+    body = {"model": "minilm", "input": "hi"}
+    keys_file.write_text(KEYS + f'\n[[keys]]\nname = "carol"\nkey_sha256 = "{sha("carol")}"\n')
+    deadline = time.monotonic() + 10  # checked every second
+    while post(srv, "/v1/embeddings", "carol", body).status_code != 200:
+        assert time.monotonic() < deadline, "the changed file was not read"
+        time.sleep(0.2)
+    good = keys_file.read_text()
+    keys_file.write_text(good + "\n[[keys]]\nname = 'broken'\n")
+    os.kill(srv.proc.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while "keys file not reloaded, the keys in force stay" not in srv.output():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert "give exactly one of key_sha256" in srv.output()
+    assert post(srv, "/v1/embeddings", "carol", body).status_code == 200  # still in force
+    keys_file.write_text(KEYS)  # carol gone
+    deadline = time.monotonic() + 10
+    while post(srv, "/v1/embeddings", "carol", body).status_code != 401:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_batches_are_owned_by_name_and_run_as_their_owner(
+    srv: RemoteServer, keys_file: Path
+) -> None:
+    lines = [
+        {"custom_id": "in-scope", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "minilm", "input": "hello"}},
+        {"custom_id": "out-of-scope", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "secret", "input": "hello"}},
+    ]  # fmt: skip
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="owner-key-1")
+    upload = client.files.create(
+        file=("in.jsonl", "\n".join(json.dumps(x) for x in lines).encode()), purpose="batch"
+    )
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    # another key does not see it
+    seen = httpx.get(srv.url + f"/v1/batches/{batch.id}", headers=bearer("scoped-key"))
+    assert seen.status_code == 404
+    # rotate the owner's key: same name, new key
+    keys_file.write_text(KEYS.replace(sha("owner-key-1"), sha("owner-key-2")))
+    rotated = openai.OpenAI(base_url=srv.url + "/v1", api_key="owner-key-2")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            job = rotated.batches.retrieve(batch.id)
+        except openai.AuthenticationError:
+            job = None  # the file is not read yet
+        if job is not None and job.status in ("completed", "failed"):
+            break
+        assert time.monotonic() < deadline, job
+        time.sleep(0.3)
+    assert job.status == "completed" and job.request_counts is not None
+    assert (job.request_counts.completed, job.request_counts.failed) == (1, 1)
+    assert job.error_file_id is not None
+    errors = rotated.files.content(job.error_file_id).text
+    row = json.loads(errors.splitlines()[0])
+    assert row["custom_id"] == "out-of-scope"  # the line ran with the owner's scope
+    assert row["response"]["status_code"] == 404
+    with pytest.raises(openai.AuthenticationError):
+        client.batches.retrieve(batch.id)  # the old key is gone
+    keys_file.write_text(KEYS)
