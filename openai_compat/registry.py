@@ -67,6 +67,11 @@ class ModelEntry:
     background_inflight: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     load_seconds: float = 0.0
+    # live and background inputs queued per key name, and the keys' weights (fair shares)
+    by_key: dict[bool, dict[str, int]] = field(
+        default_factory=lambda: {False: {}, True: {}}, repr=False
+    )
+    weights: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
@@ -87,7 +92,10 @@ class ModelEntry:
         """
         background = in_background()
         queued = self.background_queued if background else self.queued
-        if limit and queued and queued + inputs > limit:
+        caller = current_caller.get()
+        if caller is not None:
+            self._admit_share(caller.key.name, caller.key.weight, inputs, limit, background)
+        elif limit and queued and queued + inputs > limit:
             raise RateLimited(
                 f"Model {self.name!r} has {queued} inputs queued (limit {limit}); retry shortly.",
                 headers={"Retry-After": "1"},
@@ -107,6 +115,34 @@ class ModelEntry:
             else:
                 self.queued -= inputs
                 self.inflight -= 1
+            if caller is not None:
+                mine = self.by_key[background]
+                left = mine.get(caller.key.name, 0) - inputs
+                if left > 0:
+                    mine[caller.key.name] = left
+                else:
+                    mine.pop(caller.key.name, None)
+
+    def _admit_share(
+        self, key: str, weight: float, inputs: int, limit: int, background: bool
+    ) -> None:
+        """With keys, the queue's `limit` is shared by the keys that have inputs queued, by
+        weight: a key past its share gets the 429 while the others keep being admitted. A
+        key with nothing queued is always admitted (the queue holds at most `limit` plus one
+        request per key)."""
+        mine = self.by_key[background]
+        self.weights[key] = weight
+        held = mine.get(key, 0)
+        if limit and held:
+            active = sum(self.weights.get(k, 1.0) for k in mine if k != key) + weight
+            share = limit * weight / active
+            if held + inputs > share:
+                raise RateLimited(
+                    f"Model {self.name!r} has {held} of this key's inputs queued, its share "
+                    f"of the queue ({int(share)} of {limit}, by weight); retry shortly.",
+                    headers={"Retry-After": "1"},
+                )
+        mine[key] = held + inputs
 
     @property
     def pending(self) -> int:

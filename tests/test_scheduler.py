@@ -132,6 +132,57 @@ async def until(condition: Callable[[], bool]) -> None:
     raise AssertionError("the scheduler never got there")
 
 
+async def test_a_flooding_key_does_not_make_another_wait_behind_it() -> None:
+    """Fair queuing: key A queues 64 requests of 16 inputs, then key B 2 of 16 (equal
+    weights). B's inputs are served within the next batches, not after A's 1024."""
+    async with held(16) as (runner, s, first):
+        flood = [
+            asyncio.create_task(s.submit([f"a{r}.{i}" for i in range(16)], [8] * 16, tenant="A"))
+            for r in range(64)
+        ]
+        await until(lambda: s.waiting() == 64 * 16)
+        light = [
+            asyncio.create_task(s.submit([f"b{r}.{i}" for i in range(16)], [8] * 16, tenant="B"))
+            for r in range(2)
+        ]
+        await until(lambda: s.waiting() == 66 * 16)
+        runner.release.set()
+        await asyncio.gather(first, *flood, *light)
+    batches = runner.batches[1:]
+    last_b = max(i for i, b in enumerate(batches) if any(str(x).startswith("b") for x in b))
+    # alternating shares: B's 32 inputs are done within its 2 batches' worth of A's beside
+    assert last_b < 4, [sum(str(x).startswith("b") for x in b) for b in batches[:6]]
+
+
+async def test_weights_share_the_engines_tokens() -> None:
+    """Keys of weights 3 and 1, both always waiting: the batches give them 3:1 of the tokens
+    (counted over the time both had work queued)."""
+    async with held(8) as (runner, s, first):
+        heavy = asyncio.create_task(
+            s.submit([f"h{i}" for i in range(600)], [10] * 600, tenant="H", weight=3)
+        )
+        light = asyncio.create_task(
+            s.submit([f"l{i}" for i in range(600)], [10] * 600, tenant="L", weight=1)
+        )
+        await until(lambda: s.waiting() == 1200)
+        runner.release.set()
+        await asyncio.gather(first, heavy, light)
+    served = [x for b in runner.batches[1:] for x in b]
+    both = served[: served.index("h599") + 1]  # while the heavy key still had work
+    h = sum(str(x).startswith("h") for x in both)
+    l_ = sum(str(x).startswith("l") for x in both)
+    assert h == 600 and abs(h / l_ - 3) <= 0.3, (h, l_)
+
+
+async def test_one_key_alone_is_served_in_arrival_order() -> None:
+    async with held(1) as (runner, s, first):
+        calls = [asyncio.create_task(s.submit([f"c{i}"], [3], tenant="A")) for i in range(9)]
+        await until(lambda: s.waiting() == 9)
+        runner.release.set()
+        await asyncio.gather(first, *calls)
+    assert [b[0] for b in runner.batches[1:]] == [f"c{i}" for i in range(9)]
+
+
 async def test_a_departed_callers_inputs_never_reach_the_model() -> None:
     async with held(8) as (runner, s, first):
         gone = asyncio.create_task(s.submit(["x", "y", "z"], [1, 1, 1]))

@@ -63,8 +63,8 @@ def test_a_full_keys_file_reads_every_field() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (('rpm = 60', 'rpm = 0'), "line 3: rpm must be a whole number >= 1"),
-        (('weight = 3', 'wieght = 3'), "line 3: unknown field(s) wieght"),
+        (("rpm = 60", "rpm = 0"), "line 3: rpm must be a whole number >= 1"),
+        (("weight = 3", "wieght = 3"), "line 3: unknown field(s) wieght"),
         (('name = "ops"', 'name = "alice"'), "line 14: name 'alice' is used twice"),
         (('key = "ops-key"', f'key = "{ALICE}"'), "line 14: the same key as 'alice'"),
         ((f'key_sha256 = "{SHA}"', 'key_sha256 = "abc"'), "line 3: key_sha256 must be 64"),
@@ -208,3 +208,38 @@ def test_a_changed_limit_keeps_what_was_used() -> None:
     limiter.release(key(rpm=10))
     remaining = dict(limiter.headers(key(rpm=20)))[b"x-ratelimit-remaining-requests"]
     assert remaining == b"19"
+
+
+def test_a_key_past_its_share_of_a_models_queue_gets_429_while_others_are_admitted() -> None:
+    from contextlib import ExitStack
+
+    from openai_compat.registry import ModelEntry
+    from openai_compat.settings import ModelConfig
+    from openai_compat.tenants.limits import Caller, current
+
+    entry = ModelEntry(
+        config=ModelConfig(model="debug/engine", engine="debugengine"),
+        engine=None,
+        capabilities=frozenset({"embed"}),
+    )
+    limiter = Limiter(FakeClock())
+    a = Caller(Key("A", b"a" * 32), limiter)
+    b = Caller(Key("B", b"b" * 32, weight=3), limiter)
+
+    def admit(caller: Caller, inputs: int, stack: ExitStack) -> None:
+        token = current.set(caller)
+        try:
+            stack.enter_context(entry.admit(inputs, 100))
+        finally:
+            current.reset(token)
+
+    with ExitStack() as stack:
+        admit(a, 60, stack)  # alone: the whole queue is A's share
+        admit(a, 40, stack)
+        with pytest.raises(RateLimited, match="its share of the queue"):
+            admit(a, 1, stack)
+        admit(b, 90, stack)  # nothing queued for B: admitted whatever A holds
+        with pytest.raises(RateLimited, match=r"\(75 of 100, by weight\)"):
+            admit(b, 1, stack)  # B's share with A active: 100 x 3 / 4
+        assert entry.by_key[False] == {"A": 100, "B": 90}
+    assert entry.by_key[False] == {} and entry.queued == 0  # all given back

@@ -31,7 +31,7 @@ import numpy as np
 
 from openai_compat.engine import folders
 from openai_compat.engine.debug import DebugRunner
-from openai_compat.engine.priority import in_background
+from openai_compat.engine.priority import in_background, tenant
 from openai_compat.engine.scheduler import EngineStopped, Scheduler
 from openai_compat.engine.text import TextKind, TextRunner
 from openai_compat.model_config import DEBUG_ENGINE
@@ -110,7 +110,10 @@ class NativeEngine:
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(self._prepare, self.runner.prepare, list(inputs), task)
         costs = [r.length for r in rows]
-        results = await self.scheduler.submit(rows, costs, background=in_background())
+        name, weight = tenant()
+        results = await self.scheduler.submit(
+            rows, costs, background=in_background(), tenant=name, weight=weight
+        )
         return results, sum(r.used for r in rows)
 
     @property

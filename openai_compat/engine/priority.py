@@ -1,4 +1,5 @@
-"""Which class of work a call is: live (a client waits) or background (a Batch API line).
+"""Which class of work a call is: live (a client waits) or background (a Batch API line);
+and whose it is (the caller's key and its weight, for the native queue's fair share).
 
 The Batch API runs its lines inside `background()`; the feeder (feeder.py) and the native
 engine's queue (scheduler.py) read `in_background()` and let live work go first.
@@ -26,3 +27,11 @@ def background() -> Iterator[None]:
 def in_background() -> bool:
     """Whether the calling code runs inside `background()` (a Batch API line)."""
     return _BACKGROUND.get()
+
+
+def tenant() -> tuple[str, float]:
+    """The current request's key name and fair-share weight ("", 1.0 without keys)."""
+    from openai_compat.tenants.limits import current
+
+    caller = current.get()
+    return ("", 1.0) if caller is None else (caller.key.name, caller.key.weight)

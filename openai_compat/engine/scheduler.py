@@ -9,7 +9,14 @@ forms the next batch from the oldest `window` live slots: sorted by cost, the ru
 (what a padded batch costs, TEI's rule); once the oldest slot has been passed over
 MAX_PASSES times, the run around it instead (so nothing waits behind newer work for long),
 grown within the budget and `n <= batch_size`, never empty. A caller that has gone (its
-future cancelled) is skipped at formation: its inputs never reach the model. While live
+future cancelled) is skipped at formation: its inputs never reach the model.
+
+"Oldest" is in fair-queuing order (start-time fair queuing): each input gets a tag, its
+tenant's (the caller's key: tenants/) previous finish or the queue's virtual time, whichever
+is later, and the tenant's finish moves on by cost / weight. The queue is kept in tag order,
+so with one tenant it is arrival order, and with several the engine's tokens are shared by
+weight: a key with 64 requests queued does not make another key's input wait behind them,
+and weights 3:1 give 3:1 of the tokens while both wait. While live
 calls keep coming, background batches are an eighth of batch_size, so a live request never
 waits behind a full one. Results go back with one event-loop callback per batch; a failing
 batch fails only its own callers.
@@ -23,11 +30,10 @@ CPU the process really gets (threads.py).
 from __future__ import annotations
 
 import asyncio
-import itertools
+import bisect
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -83,7 +89,12 @@ class Slot:
     call: Call
     index: int
     cost: int
-    order: int  # arrival order, for "oldest"
+    order: float  # fair-queuing start tag: the queue's order ("oldest" is the smallest)
+    tenant: str = ""
+
+
+def _tag(slot: Slot) -> float:
+    return slot.order
 
 
 @dataclass
@@ -167,9 +178,11 @@ class Scheduler:
         self.stats = BatchStats()
         self._on_batch = on_batch  # tests observe formation here
         self._cond = threading.Condition()
-        self._live: deque[Slot] = deque()
-        self._background: deque[Slot] = deque()
-        self._order = itertools.count()
+        # Each queue in tag order, with its virtual time and every tenant's finish tag.
+        self._live: list[Slot] = []
+        self._background: list[Slot] = []
+        self._vtime = {False: 0.0, True: 0.0}
+        self._finish: dict[bool, dict[str, float]] = {False: {}, True: {}}
         self._last_live = -QUIET_S  # time.monotonic() of the last live call
         self._stopping = False
         self._passes = 0  # formations the oldest waiting input has been passed over
@@ -190,10 +203,17 @@ class Scheduler:
             return len(self._live) + len(self._background)
 
     async def submit(
-        self, items: Sequence[Any], costs: Sequence[int], *, background: bool = False
+        self,
+        items: Sequence[Any],
+        costs: Sequence[int],
+        *,
+        background: bool = False,
+        tenant: str = "",
+        weight: float = 1.0,
     ) -> list[Any]:
         """Queue a caller's prepared inputs; their results, in order. Cancelling the await
-        withdraws the inputs that are not yet in a batch."""
+        withdraws the inputs that are not yet in a batch. `tenant`, `weight`: whose inputs
+        they are and that key's share of the engine (fair queuing, above)."""
         if not items:
             return []
         loop = asyncio.get_running_loop()
@@ -204,8 +224,17 @@ class Scheduler:
             queue = self._background if background else self._live
             if not background:
                 self._last_live = time.monotonic()
+            finish = self._finish[background]
+            tag = max(self._vtime[background], finish.get(tenant, 0.0))
+            share = max(weight, 1e-9)
             for i, cost in enumerate(costs):
-                queue.append(Slot(call, i, max(1, int(cost)), next(self._order)))
+                slot = Slot(call, i, max(1, int(cost)), tag, tenant)
+                if not queue or tag >= queue[-1].order:
+                    queue.append(slot)
+                else:
+                    bisect.insort_right(queue, slot, key=_tag)
+                tag += slot.cost / share
+            finish[tenant] = tag
             self._cond.notify()
         return await call.future
 
@@ -238,15 +267,18 @@ class Scheduler:
             size = self.batch_size
             if queue is self._background and time.monotonic() - self._last_live < QUIET_S:
                 size = max(1, size // TRICKLE_FRACTION)  # live traffic is about: short batches
+            background = queue is self._background
             window: list[Slot] = []
             limit = size * WINDOW_BATCHES
-            kept: deque[Slot] = deque()
-            while queue and len(window) < limit:
-                slot = queue.popleft()
+            seen = 0
+            while seen < len(queue) and len(window) < limit:
+                slot = queue[seen]
+                seen += 1
                 if slot.call.wanted():
                     window.append(slot)
                 else:
                     self.stats.dropped_inputs += 1
+            del queue[:seen]
             if not window:
                 continue
             # the tightest batch, unless the oldest input was passed over MAX_PASSES times
@@ -254,8 +286,9 @@ class Scheduler:
             batch = form_batch(window, size, self.max_batch_tokens, oldest=must)
             taken = set(map(id, batch))
             self._passes = 0 if id(window[0]) in taken else self._passes + 1
-            kept.extend(s for s in window if id(s) not in taken)
-            queue.extendleft(reversed(kept))  # the rest keep their place at the front
+            queue[0:0] = [s for s in window if id(s) not in taken]  # keep their place
+            served = max(s.order for s in batch)
+            self._vtime[background] = max(self._vtime[background], served)
             return batch
 
     def _serve(self) -> None:
