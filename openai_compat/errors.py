@@ -342,10 +342,20 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
-        logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        # the details (library text, paths) go to the log with the request id, never to the
+        # client, who gets the id to quote
+        request_id = request.scope.get("state", {}).get("request_id", "")
+        logger.error(
+            "unhandled error on %s %s (request id %s)",
+            request.method,
+            request.scope.get("path", ""),
+            request_id,
+            exc_info=exc,
+        )
         return error_response(
             500,
-            "The server had an error while processing your request.",
+            "The server had an error while processing your request (request id "
+            f"{request_id}).",
             type="server_error",
             code="internal_error",
             family=family_for(request.scope),

@@ -25,7 +25,10 @@ async def health(request: Request) -> Response:
     lifecycle: Lifecycle = request.app.state.lifecycle
     registry: Registry = request.app.state.registry
     if lifecycle.phase == "failed":
-        return api_error_response(ServiceUnavailable(lifecycle.error or "model load failed"))
+        # the reason names paths and library internals: it is in the log, not in an answer
+        # to an unauthenticated probe
+        message = lifecycle.unavailable_message() + " The reason is in the server's log."
+        return api_error_response(ServiceUnavailable(message))
     dead = [e.name for e in registry.entries() if not e.alive()]
     if dead and lifecycle.phase == "ready":
         return api_error_response(
@@ -44,7 +47,9 @@ async def ready(request: Request) -> Response:
             ServiceUnavailable(lifecycle.unavailable_message(), code=lifecycle.phase)
         )
     runner = request.app.state.batches.runner_status()
-    body = {"status": "ready", "models": registry.served_names(), "batch_runner": runner}
+    # an open probe: with keys configured it names no models (a key's list is GET /v1/models)
+    names = [] if request.app.state.tenants.enabled else registry.served_names()
+    body = {"status": "ready", "models": names, "batch_runner": runner}
     if lifecycle.cpus is not None:
         body["cpus"] = lifecycle.cpus  # the CPUs we may use and the pools sized to them
     return orjson_response(body)
