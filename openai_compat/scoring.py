@@ -192,9 +192,11 @@ async def _cosine_rerank(
     result = await embed_texts(entry, [query, *docs], settings, _rerank_names(docs_param))
     matrix = np.stack(result.vectors).astype(np.float32)
     finite_scores(entry, matrix)
-    norms = np.linalg.norm(matrix, axis=1)
-    np.maximum(norms, np.finfo(np.float32).tiny, out=norms)
-    cos = (matrix[1:] @ matrix[0]) / (norms[1:] * norms[0])
+    norms = np.linalg.norm(matrix, axis=1).astype(np.float64)
+    # a zero vector (an empty text on a test engine) has cosine 0 with anything: the guard
+    # is on the product, whose factors' floors would underflow to 0 / 0 (found by fuzzing)
+    denominators = np.maximum(norms[1:] * norms[0], np.finfo(np.float64).tiny)
+    cos = (matrix[1:] @ matrix[0]).astype(np.float64) / denominators
     scores = np.clip((cos + 1.0) / 2.0, 0.0, 1.0)
     order = np.lexsort((np.arange(len(docs)), -scores))
     ranked = [RankedDocument(int(i), float(scores[i])) for i in order]

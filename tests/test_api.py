@@ -39,6 +39,16 @@ async def test_debugengine_embeddings_round_trip(client: httpx.AsyncClient) -> N
     )
 
 
+async def test_a_zero_vector_ranks_at_cosine_zero_not_null(client: httpx.AsyncClient) -> None:
+    """Found by schemathesis: an empty query and document give zero vectors on the debug
+    engine; their cosine is 0 (score 0.5), never NaN sent as null."""
+    r = await client.post(
+        "/v1/rerank", json={"model": "debug", "query": "", "documents": ["", "ab"]}
+    )
+    assert r.status_code == 200
+    assert [x["relevance_score"] for x in r.json()["results"]] == [0.5, 0.5]
+
+
 async def test_models_card_reports_capabilities_and_size(client: httpx.AsyncClient) -> None:
     card = (await client.get("/v1/models/debug")).json()
     assert card["capabilities"] == ["embed", "rerank"] and card["dimensions"] == 13
