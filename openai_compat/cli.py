@@ -184,7 +184,11 @@ def download(settings: Settings) -> int:
                 print(f"{model.served_name}: local folder {source}, nothing to download")
             else:
                 path = snapshot_download(source, revision=model.revision)
+                # the snapshot's folder is the commit fetched: the revision to pin
+                commit = Path(path).name
+                pin = "" if model.revision == commit else f' (pin it: revision = "{commit}")'
                 print(f"{model.served_name}: {source} -> {path}")
+                print(f"{model.served_name}: revision {commit}{pin}")
             if runs_natively(model.engine) and model.backend != "torch":
                 folder = _native_export(model, settings)
                 print(f"{model.served_name}: {model.backend} export -> {folder}")

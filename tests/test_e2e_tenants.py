@@ -183,6 +183,12 @@ def test_permissions_for_batches_and_admin(srv: RemoteServer) -> None:
     admin = httpx.get(srv.url + "/admin/models", headers=bearer("ops-key"))
     assert admin.status_code == 200  # admin = true opens /admin without --admin-key
     assert httpx.get(srv.url + "/admin/models", headers=bearer("scoped-key")).status_code == 401
+    # nothing loads a model that is not in the configuration: not the admin API, not a request
+    for name in ("sentence-transformers%2Fall-mpnet-base-v2", "..%2F..%2Ftmp"):
+        load = httpx.post(srv.url + f"/admin/models/{name}/load", headers=bearer("ops-key"))
+        assert load.status_code == 404, load.text
+    asked = post(srv, "/v1/embeddings", "nobatch-key", {"model": "/tmp", "input": "x"})
+    assert asked.status_code == 404
 
 
 def test_usage_by_key_in_metrics_and_the_access_log(srv: RemoteServer) -> None:

@@ -227,6 +227,31 @@ def test_download_of_a_model_it_cannot_reach_says_so_in_one_line(tmp_path: Path)
     assert f"local: local folder {tmp_path}, nothing to download" in proc.stdout
 
 
+def test_download_records_the_revision_it_fetched(tmp_path: Path, minilm_path: str) -> None:
+    """A hub model's download names the commit it got, and how to pin it."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.fixtures.hub_cache import seed
+    from tests.utils import ROOT, SERVER_ENV
+
+    cache = tmp_path / "hub"
+    snapshot = seed(cache, "org/mini", Path(minilm_path))
+    env = {**os.environ, **SERVER_ENV, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "openai_compat", "download", "--model", "mini=org/mini"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    commit = snapshot.name
+    assert f'mini: revision {commit} (pin it: revision = "{commit}")' in proc.stdout
+
+
 @pytest.mark.parametrize(
     ("toml", "env", "argv", "says"),
     [
