@@ -265,6 +265,15 @@ def test_every_family_answers_its_routes_from_its_folder_alone(
     ).json()
     assert [r["index"] for r in raw] == order
     assert max(abs(r["score"] - odds[r["index"]]) for r in raw) < 1e-5  # the log-odds
+    infinity = httpx.post(  # infinity's /rerank: documents, not texts
+        server.url + "/rerank",
+        json={"model": "qwen3-rerank", "query": QUERY, "documents": TEXTS},
+    ).json()["results"]
+    assert [r["index"] for r in infinity] == order
+    v1 = cohere.Client(base_url=server.url, api_key="unused").rerank(
+        model="qwen3-rerank", query=QUERY, documents=TEXTS
+    )
+    assert [r.index for r in v1.results] == order
 
     # multi-vector: the sides by input_type, the cache keyed on the side, MaxSim as the library
     colbert = cls(folders["colbert"], "MultiVectorEncoder")
