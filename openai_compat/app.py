@@ -30,11 +30,12 @@ from openai_compat.batch.service import BatchService
 from openai_compat.bodies import BodyParser
 from openai_compat.cache import EmbeddingCache
 from openai_compat.errors import APIError, family_of, install_error_handlers
+from openai_compat.fastpath import FastPathMiddleware, fast_path_table
 from openai_compat.lifecycle import Lifecycle, in_daemon_thread
 from openai_compat.loading import ModelLoader, stop_engines, unload_entry
 from openai_compat.media import MediaFetcher
 from openai_compat.metrics import Metrics
-from openai_compat.middleware import FastPathMiddleware, GatewayMiddleware, fast_path_table
+from openai_compat.middleware import GatewayMiddleware
 from openai_compat.pool import ModelPool
 from openai_compat.registry import EngineFailure, ModelEntry, Registry
 from openai_compat.settings import Settings, engine_package

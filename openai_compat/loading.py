@@ -21,15 +21,10 @@ import numpy as np
 
 from openai_compat import cpus, memory
 from openai_compat.compact import CALIBRATION_TEXTS, Quantizer
-from openai_compat.engine import (
-    adapter,
-    backends,
-    infinity_hooks,
-    native,
-    pooling,
-    splade,
-)
-from openai_compat.engine.feeder import Feeder
+from openai_compat.engine import adapter, backends, native, pooling
+from openai_compat.engine.infinity import hooks as infinity_hooks
+from openai_compat.engine.infinity import splade
+from openai_compat.engine.infinity.feeder import Feeder
 from openai_compat.lifecycle import in_daemon_thread
 from openai_compat.preflight import check_options
 from openai_compat.prompts import Prompts

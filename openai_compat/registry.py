@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from openai_compat.cache import EmbeddingCache
 from openai_compat.compact import Quantizer
 from openai_compat.engine import adapter
-from openai_compat.engine.feeder import Feeder, in_background
+from openai_compat.engine.infinity.feeder import Feeder
+from openai_compat.engine.priority import in_background
 from openai_compat.errors import BadRequest, ModelNotFound, RateLimited, ServiceUnavailable
 from openai_compat.prompts import Prompts
 from openai_compat.settings import ModelConfig, check_unique_names
 from openai_compat.tenants.limits import current as current_caller
+from openai_compat.tenants.shares import QueueShares
 from openai_compat.tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -59,7 +61,7 @@ class ModelEntry:
     cosine_rerank: bool = False  # reranks by embedding similarity (no cross-encoder)
     prompts: Prompts = field(default_factory=Prompts)
     quantizer: Quantizer | None = None  # int8/uint8 ranges (see compact.py)
-    feeder: Feeder | None = None  # embed calls in length-sorted waves (engine/feeder.py)
+    feeder: Feeder | None = None  # embed calls in length-sorted waves (engine/infinity/feeder.py)
     cache: EmbeddingCache | None = None  # exact vectors of texts seen before (cache.py)
     queued: int = 0  # live inputs admitted and not yet answered
     inflight: int = 0  # live requests in the engine's hands
@@ -67,11 +69,7 @@ class ModelEntry:
     background_inflight: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     load_seconds: float = 0.0
-    # live and background inputs queued per key name, and the keys' weights (fair shares)
-    by_key: dict[bool, dict[str, int]] = field(
-        default_factory=lambda: {False: {}, True: {}}, repr=False
-    )
-    weights: dict[str, float] = field(default_factory=dict, repr=False)
+    shares: QueueShares = field(default_factory=QueueShares, repr=False)  # with keys
 
     @property
     def name(self) -> str:
@@ -94,7 +92,8 @@ class ModelEntry:
         queued = self.background_queued if background else self.queued
         caller = current_caller.get()
         if caller is not None:
-            self._admit_share(caller.key.name, caller.key.weight, inputs, limit, background)
+            key = caller.key
+            self.shares.admit(self.name, key.name, key.weight, inputs, limit, background)
         elif limit and queued and queued + inputs > limit:
             raise RateLimited(
                 f"Model {self.name!r} has {queued} inputs queued (limit {limit}); retry shortly.",
@@ -116,33 +115,7 @@ class ModelEntry:
                 self.queued -= inputs
                 self.inflight -= 1
             if caller is not None:
-                mine = self.by_key[background]
-                left = mine.get(caller.key.name, 0) - inputs
-                if left > 0:
-                    mine[caller.key.name] = left
-                else:
-                    mine.pop(caller.key.name, None)
-
-    def _admit_share(
-        self, key: str, weight: float, inputs: int, limit: int, background: bool
-    ) -> None:
-        """With keys, the queue's `limit` is shared by the keys that have inputs queued, by
-        weight: a key past its share gets the 429 while the others keep being admitted. A
-        key with nothing queued is always admitted (the queue holds at most `limit` plus one
-        request per key)."""
-        mine = self.by_key[background]
-        self.weights[key] = weight
-        held = mine.get(key, 0)
-        if limit and held:
-            active = sum(self.weights.get(k, 1.0) for k in mine if k != key) + weight
-            share = limit * weight / active
-            if held + inputs > share:
-                raise RateLimited(
-                    f"Model {self.name!r} has {held} of this key's inputs queued, its share "
-                    f"of the queue ({int(share)} of {limit}, by weight); retry shortly.",
-                    headers={"Retry-After": "1"},
-                )
-        mine[key] = held + inputs
+                self.shares.release(caller.key.name, inputs, background)
 
     @property
     def pending(self) -> int:

@@ -1,7 +1,7 @@
 """Sparse (SPLADE) vectors: one weight per vocabulary entry, most of them zero.
 
 A masked-LM model's weight for vocabulary entry j is max over the input's tokens of
-log(1 + relu(logit_j)), padding masked (SPLADE's max pooling). engine/splade.py computes it
+log(1 + relu(logit_j)), padding masked (SPLADE's max pooling). engine/infinity/splade.py computes it
 inside infinity-emb's own batching; this module holds the vectors and what the API does with
 them: keep the top-k / the weights above a floor, dot products for
 rerank, and the wire format (Qdrant's and Milvus's `{"indices", "values"}`, indices

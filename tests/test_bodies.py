@@ -18,7 +18,7 @@ from openai_compat.api.shared import chooser
 from openai_compat.api.tutorial.protocol import TutorialClassifyRequest
 from openai_compat.bodies import BodyParser
 from openai_compat.errors import validation_message
-from openai_compat.middleware import fast_path_table
+from openai_compat.fastpath import fast_path_table
 from openai_compat.protocol import EmbeddingRequest
 
 

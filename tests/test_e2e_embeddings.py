@@ -218,7 +218,7 @@ def test_one_long_token_id_array_is_one_input(client, st_model) -> None:  # type
 
 
 def test_concurrent_requests_each_get_their_own_vectors(client, st_model) -> None:  # type: ignore[no-untyped-def]
-    """Requests that meet in one engine wave (engine/feeder.py) are sorted and cut into
+    """Requests that meet in one engine wave (engine/infinity/feeder.py) are sorted and cut into
     batches together; each still gets exactly its own inputs' vectors, in its order."""
     from concurrent.futures import ThreadPoolExecutor
 

@@ -1,5 +1,5 @@
-"""engine/feeder.py on a scripted engine: waves, length-sorted chunks, gathering, the window,
-cancellation and errors. Each engine call waits until the test releases it, so the order of
+"""engine/infinity/feeder.py on a scripted engine: waves, length-sorted chunks, gathering, the
+window, cancellation and errors. Each engine call waits until the test releases it, so the order of
 events is the test's, not the machine's speed."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from openai_compat.engine import feeder as feeder_module
 from openai_compat.engine.adapter import TokenCountedArray
-from openai_compat.engine.feeder import Feeder
+from openai_compat.engine.infinity import feeder as feeder_module
+from openai_compat.engine.infinity.feeder import Feeder
 from openai_compat.errors import ServiceUnavailable
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from openai_compat import inference, scoring
 from openai_compat.encoding import embedding_payload
-from openai_compat.engine.infinity_hooks import LogitsRunner
+from openai_compat.engine.infinity.hooks import LogitsRunner
 from openai_compat.errors import BadRequest, ModelOutputError, RateLimited
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import ModelConfig, Settings
@@ -146,7 +146,7 @@ async def test_admission_control_refuses_past_the_queue_limit() -> None:
 async def test_batch_lines_and_live_requests_have_an_admission_budget_each() -> None:
     """A job's huge line (inside feeder.background()) never makes live requests 429, and
     live traffic never uses up the job's budget; each budget still holds its own limit."""
-    from openai_compat.engine.feeder import background
+    from openai_compat.engine.priority import background
 
     gate = asyncio.Event()
     entry = _entry(FakeEngine(gate=gate))
@@ -174,7 +174,7 @@ async def test_the_job_sees_only_live_engine_work_as_live() -> None:
     """BatchService's gate: a live request holding the engine counts; one that is only
     uploading or downloading (no model admitted it) does not, nor do the job's own lines."""
     from openai_compat.batch.service import BatchService
-    from openai_compat.engine.feeder import background
+    from openai_compat.engine.priority import background
     from openai_compat.lifecycle import Lifecycle
     from openai_compat.registry import Registry
 

@@ -241,5 +241,5 @@ def test_a_key_past_its_share_of_a_models_queue_gets_429_while_others_are_admitt
         admit(b, 90, stack)  # nothing queued for B: admitted whatever A holds
         with pytest.raises(RateLimited, match=r"\(75 of 100, by weight\)"):
             admit(b, 1, stack)  # B's share with A active: 100 x 3 / 4
-        assert entry.by_key[False] == {"A": 100, "B": 90}
-    assert entry.by_key[False] == {} and entry.queued == 0  # all given back
+        assert entry.shares.queued[False] == {"A": 100, "B": 90}
+    assert entry.shares.queued[False] == {} and entry.queued == 0  # all given back

@@ -21,7 +21,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -44,6 +43,7 @@ from openai_compat.batch.outputs import DataLost, fsync_both, reopen_outputs
 from openai_compat.batch.pending import Pending
 from openai_compat.batch.refusals import Refusals
 from openai_compat.batch.store import Progress, Store
+from openai_compat.tenants import batch_owner
 
 logger = logging.getLogger("openai_compat.batch")
 
@@ -74,10 +74,6 @@ class _Wave:
     physical: int  # the file's line number of its last line (1-based)
     lines: list[tuple[int, bytes]]  # (line number, raw line)
     task: asyncio.Future[list[LineResult | Retry]]  # Retry: refused for now (429/503)
-
-
-# The owner of the batch whose lines are being sent (its lines run as its key: tenants/).
-running_as: ContextVar[str] = ContextVar("openai_compat_batch_owner", default="")
 
 
 class Runner:
@@ -143,7 +139,7 @@ class Runner:
         obj = await asyncio.to_thread(store.batch, batch_id)
         if obj is None:
             return
-        running_as.set(await asyncio.to_thread(store.batch_owner, batch_id))
+        batch_owner.set(await asyncio.to_thread(store.batch_owner, batch_id))
         input_path = await asyncio.to_thread(store.file_path, obj["input_file_id"])
         if obj["status"] == "validating":
             if input_path is None or not input_path.exists():

@@ -14,14 +14,14 @@ from typing import Any
 import httpx
 
 from openai_compat.batch.lines import split_line
-from openai_compat.batch.runner import Gate, Runner, running_as
+from openai_compat.batch.runner import Gate, Runner
 from openai_compat.batch.store import Store, StoreBusy, new_id
-from openai_compat.engine.feeder import background
+from openai_compat.engine.priority import background
 from openai_compat.errors import RateLimited, ServiceUnavailable
 from openai_compat.lifecycle import Lifecycle
 from openai_compat.registry import Registry
 from openai_compat.settings import Settings
-from openai_compat.tenants import RUN_AS, Tenants
+from openai_compat.tenants import RUN_AS, Tenants, batch_owner
 
 logger = logging.getLogger("openai_compat.batch")
 
@@ -193,7 +193,7 @@ class BatchService:
         if self.tenants.enabled:
             # as the batch's owner: its key as it is now (scope, limits; tenants/)
             headers["Authorization"] = "Bearer " + self.tenants.internal.decode()
-            headers[RUN_AS.decode()] = running_as.get()
+            headers[RUN_AS.decode()] = batch_owner.get()
         async with asyncio.timeout(self.settings.batch_line_timeout):
             with background():
                 resp = await self._client.post(url, content=body, headers=headers)

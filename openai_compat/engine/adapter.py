@@ -1,19 +1,22 @@
-"""What the server reads of a model's engine: the native engine's own answers (native.py,
-public library attributes only), or, for the optional infinity-emb engine, the one place
-that knows its internals (0.0.78), with engine/splade.py for the sparse head it adds to an
-embedder replica.
+"""What the server reads of a model's engine, for either engine: the native engine answers
+from its own objects (native.py, public library attributes only); infinity-emb's questions
+go to engine/infinity/internals.py, the one place that knows its internals.
 
-Everything the server needs beyond infinity-emb's public API (its model replicas, batching
-queue and push task, tokenizers, classification pipeline, where each model kind applies its
-token limit) is read here and nowhere else. When an engine release moves an attribute,
-`contract_problems` names it and loading fails loudly instead of degrading silently; the
-contract test runs the same checks against the installed release.
+Callers pass an engine or its replica (a native engine is its own replica) and never ask
+which engine it is.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
+from openai_compat.engine.infinity import internals
+from openai_compat.engine.infinity.internals import (  # noqa: F401 (re-exported)
+    EngineContractError,
+    Kind,
+    attr,
+    bettertransformer_available,
+)
 from openai_compat.engine.usage import (  # noqa: F401 (re-exported)
     TokenCountedArray,
     TokenIds,
@@ -23,22 +26,8 @@ from openai_compat.engine.usage import (  # noqa: F401 (re-exported)
     raw_vectors,
 )
 
-Kind = Literal["embedder", "sparse", "crossencoder", "classifier", "clip", "clap", "other"]
-
-# Class names of infinity-emb's torch replicas -> what kind of model they hold.
-_KINDS: dict[str, Kind] = {
-    "SentenceTransformerPatched": "embedder",
-    "CrossEncoderPatched": "crossencoder",
-    "SentenceClassifier": "classifier",
-    "TIMM": "clip",
-    "TorchAudioModel": "clap",
-}
 # Tokenizers report this (or larger) when no limit is configured.
 _NO_LIMIT = 1_000_000
-
-
-class EngineContractError(RuntimeError):
-    """infinity-emb no longer has an internal this server relies on."""
 
 
 def is_native(obj: Any) -> bool:
@@ -58,24 +47,7 @@ def multivector(replica: Any) -> bool:
     """One vector per token (ColBERT-style), on either engine."""
     if is_native(replica):
         return bool(replica.runner.multivector)
-    return bool(getattr(replica, "mode_colbert", False))
-
-
-def attr(obj: Any, name: str, where: str) -> Any:
-    try:
-        return getattr(obj, name)
-    except AttributeError:
-        raise EngineContractError(
-            f"infinity-emb changed: {where}.{name} is gone (openai_compat/engine/adapter.py "
-            "must follow the new release)"
-        ) from None
-
-
-def bettertransformer_available() -> bool:
-    """Whether infinity-emb can apply BetterTransformer (else it skips it without a word)."""
-    from infinity_emb.transformer import acceleration
-
-    return "BetterTransformerManager" in vars(acceleration)
+    return internals.multivector(replica)
 
 
 # ---------------------------------------------------------------- engine and batcher
@@ -83,39 +55,28 @@ def bettertransformer_available() -> bool:
 
 def replica_of(engine: Any) -> Any:
     """The engine's (first) model replica: the object that holds weights and tokenizer."""
-    if is_native(engine):
-        return engine
-    replicas = attr(engine, "_model_replicas", "AsyncEmbeddingEngine")
-    if not replicas:
-        raise EngineContractError("infinity-emb changed: the engine has no model replicas")
-    return replicas[0]
+    return engine if is_native(engine) else internals.replica_of(engine)
 
 
 def queue_length(engine: Any) -> int:
     """Items waiting in the engine's batching queue (0 before the batcher exists)."""
     if is_native(engine):
         return int(engine.queue_length())
-    handler = getattr(engine, "_batch_handler", None)
-    if handler is None:
-        return 0
-    return len(attr(handler, "_queue_prio", "BatchHandler"))
+    return internals.queue_length(engine)
 
 
 def batcher_alive(engine: Any) -> bool:
     """False once the engine stopped or its result-pushing task died."""
     if is_native(engine):
         return bool(engine.is_running)
-    if not engine.is_running:
-        return False
-    handler = getattr(engine, "_batch_handler", None)
-    push = getattr(handler, "_push_task", None)
-    return not (push is not None and push.done())
+    return internals.batcher_alive(engine)
 
 
 def kind_of(replica: Any) -> Kind:
     if is_native(replica):
-        return replica.kind
-    return _KINDS.get(type(replica).__name__, "other")
+        kind: Kind = replica.kind
+        return kind
+    return internals.kind_of(replica)
 
 
 # ---------------------------------------------------------------- tokenizers and limits
@@ -125,24 +86,15 @@ def hf_tokenizer(replica: Any) -> Any | None:
     """The transformers tokenizer the model applies its limit with."""
     if is_native(replica):
         return replica.runner.tokenizer
-    kind = kind_of(replica)
-    if kind == "embedder":
-        return getattr(replica, "tokenizer", None)
-    if kind == "crossencoder":
-        return attr(replica, "tokenizer", "CrossEncoderPatched")
-    if kind == "classifier":
-        return attr(attr(replica, "_pipe", "SentenceClassifier"), "tokenizer", "pipeline")
-    if kind in ("clip", "clap"):
-        return getattr(attr(replica, "processor", type(replica).__name__), "tokenizer", None)
-    return getattr(replica, "_infinity_tokenizer", None) or getattr(replica, "tokenizer", None)
+    return internals.hf_tokenizer(replica)
 
 
 def backend_tokenizer(replica: Any) -> Any | None:
     """The fast (Rust) tokenizer behind the model's own tokenizer, for counting."""
     backend = getattr(hf_tokenizer(replica), "backend_tokenizer", None)
     if backend is None:  # debug or other engines: any tokenizer the replica carries
-        for attr in ("_infinity_tokenizer", "tokenizer"):
-            backend = getattr(getattr(replica, attr, None), "backend_tokenizer", None)
+        for name in ("_infinity_tokenizer", "tokenizer"):
+            backend = getattr(getattr(replica, name, None), "backend_tokenizer", None)
             if backend is not None:
                 break
     return backend
@@ -168,21 +120,14 @@ def folder_prompts(replica: Any) -> tuple[dict[str, str], str | None]:
 def _torch_model(replica: Any) -> Any | None:
     if is_native(replica):  # the transformers model inside the library's object
         return replica.model.transformers_model
-    kind = kind_of(replica)
-    if kind == "embedder":
-        first = replica[0] if len(replica) else None
-        return getattr(first, "auto_model", None)
-    if kind == "classifier":
-        return attr(replica, "_pipe", "SentenceClassifier").model
-    return getattr(replica, "model", None)
+    return internals.torch_model(replica)
 
 
 def torch_modules(engine: Any) -> list[Any]:
     """The engine's replicas and the torch models inside them (memory.tensor_bytes)."""
     if is_native(engine):
         return list(engine.torch_modules())
-    replicas = attr(engine, "_model_replicas", "AsyncEmbeddingEngine")
-    return [m for r in replicas for m in (r, _torch_model(r)) if m is not None]
+    return internals.torch_modules(engine)
 
 
 def position_limit(replica: Any) -> int | None:
@@ -229,17 +174,8 @@ def applied_max_length(replica: Any) -> int | None:
     """The token limit the engine really truncates each input to."""
     if is_native(replica):
         value = replica.model.max_seq_length
-        return value if isinstance(value, int) and 0 < value < _NO_LIMIT else None
-    kind = kind_of(replica)
-    if kind == "embedder":
-        value = replica.max_seq_length
-    elif kind in ("crossencoder", "classifier"):
-        # infinity-emb calls these tokenizers with truncation and no max_length.
-        value = getattr(hf_tokenizer(replica), "model_max_length", None)
-    elif kind in ("clip", "clap"):
-        value = attr(replica, "max_length", type(replica).__name__)
     else:
-        return None
+        value = internals.applied_max_length(replica)
     return value if isinstance(value, int) and 0 < value < _NO_LIMIT else None
 
 
@@ -248,7 +184,6 @@ def apply_max_length(replica: Any, max_length: int | None) -> int | None:
 
     Returns the limit now applied. Raises ValueError where it cannot be applied.
     """
-    kind = kind_of(replica)
     ceiling = position_limit(replica)
     if max_length is not None and ceiling is not None and max_length > ceiling:
         raise ValueError(f"max_length {max_length} is more than this model takes ({ceiling})")
@@ -256,26 +191,8 @@ def apply_max_length(replica: Any, max_length: int | None) -> int | None:
         limit = max_length or default_limit(replica)
         if limit is not None:
             replica.model.max_seq_length = limit
-        return applied_max_length(replica)
-    if kind == "embedder":
-        if max_length is not None:
-            replica.max_seq_length = max_length
-    elif kind in ("crossencoder", "classifier"):
-        limit = max_length or default_limit(replica)
-        if limit is not None:
-            for tok in (hf_tokenizer(replica), getattr(replica, "_infinity_tokenizer", None)):
-                if tok is not None:
-                    tok.model_max_length = limit
-    elif kind in ("clip", "clap"):
-        # infinity-emb reads `config.max_length`, which for these models is transformers'
-        # generation default (20), not the text encoder's limit: texts would be cut at 20.
-        limit = max_length or default_limit(replica)
-        if limit is not None:
-            replica.max_length = limit
-    elif max_length is not None:
-        raise ValueError(
-            f"max_length cannot be applied to a {type(replica).__name__} model; remove it"
-        )
+    else:
+        internals.apply_max_length(replica, max_length, default_limit(replica))
     return applied_max_length(replica)
 
 
@@ -286,12 +203,7 @@ def image_tokens(replica: Any) -> int:
     """Tokens one image is to a ViT: (image_size / patch_size)^2 patches plus a class token."""
     if is_native(replica):
         return int(replica.runner.image_tokens)
-    config = getattr(getattr(replica, "model", None), "config", None)
-    vision = getattr(config, "vision_config", None)
-    size, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
-    if isinstance(size, int) and isinstance(patch, int) and patch > 0:
-        return (size // patch) ** 2 + 1
-    return 0
+    return internals.image_tokens(replica)
 
 
 def sampling_rate(replica: Any) -> int | None:
@@ -303,23 +215,6 @@ def sampling_rate(replica: Any) -> int | None:
 
 
 def contract_problems(engine: Any) -> list[str]:
-    """Every internal this module reads, checked on a started engine; [] when all are there."""
-    if is_native(engine):
-        return []
-    problems = []
-    for check in (
-        lambda: replica_of(engine),
-        lambda: queue_length(engine),
-        lambda: hf_tokenizer(replica_of(engine)),
-        lambda: applied_max_length(replica_of(engine)),
-    ):
-        try:
-            check()
-        except EngineContractError as exc:
-            problems.append(str(exc))
-        except AttributeError as exc:
-            problems.append(f"infinity-emb changed: {exc}")
-    handler = getattr(engine, "_batch_handler", None)
-    if handler is not None and not hasattr(handler, "_push_task"):
-        problems.append("infinity-emb changed: BatchHandler._push_task is gone")
-    return problems
+    """infinity-emb's internals this server reads, checked on a started engine ([] when all
+    are there, and always for the native engine, which reads public attributes only)."""
+    return [] if is_native(engine) else internals.contract_problems(engine)

@@ -5,7 +5,7 @@ A batch job's files and its SQLite state live in one data dir, so one deployment
 where the data dir is a persistent path: a volume on Kubernetes). It runs our whole app on
 the same remote model entries as the ingress, with the Batch API's runner on: each line goes
 through the app to a model deployment with the background flag, so the model replica's
-feeder runs it after live requests (engine/feeder.py), exactly as on one machine.
+feeder runs it after live requests (engine/infinity/feeder.py), exactly as on one machine.
 
 The ingress forwards every /v1/files and /v1/batches request to it as a stream
 (`forward`): the request's body in chunks (`BatchServer.body`, each awaited: a bounded

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from openai_compat import cpus, memory
-from openai_compat.engine import adapter, feeder, late
+from openai_compat.engine import adapter, late
+from openai_compat.engine.infinity import feeder
 from openai_compat.loading import ModelLoader, stop_engines
 from openai_compat.metrics import Metrics
 from openai_compat.ray_serve.batch import BatchServer, with_batch_api

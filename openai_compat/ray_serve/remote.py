@@ -3,10 +3,10 @@
 The ingress runs our whole app (every dialect, auth, limits, errors, the exact cache, the
 playground) on a registry whose entries look like local ones but whose engine is a
 `RemoteEngine`: each engine call is one DeploymentHandle call to the model deployment,
-where the real engine and its wave batching (engine/feeder.py) run, so batching sees all the
-traffic of a model replica. What the API layer needs to know about a model (capabilities,
-window, prompts, int8 ranges, its tokenizer for counting and truncating) comes once from the
-deployment's `describe()`; the tokenizer is rebuilt here from its JSON.
+where the real engine and its wave batching (engine/infinity/feeder.py) run, so batching
+sees all the traffic of a model replica. What the API layer needs to know about a model
+(capabilities, window, prompts, int8 ranges, its tokenizer for counting and truncating) comes
+once from the deployment's `describe()`; the tokenizer is rebuilt here from its JSON.
 
 Vectors cross the wire as plain arrays plus their token counts and norms (`pack`/`unpack`):
 numpy's pickling drops the attributes of TokenCountedArray.
@@ -144,7 +144,7 @@ class RemoteEngine:
 
 
 class RemoteLogits:
-    """infinity_hooks.LogitsRunner's interface (raw classification logits), on the deployment."""
+    """infinity/hooks.LogitsRunner's interface (raw classification logits), on the deployment."""
 
     def __init__(self, engine: RemoteEngine) -> None:
         self.engine = engine

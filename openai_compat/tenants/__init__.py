@@ -18,6 +18,7 @@ import os
 import secrets
 import signal
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -37,6 +38,8 @@ POLL_S = 1.0  # how often the keys file's modification is checked
 # The header a Batch API line carries (with the process's own secret as its bearer token) to
 # run as the batch's owner. Only this process knows the secret; the header alone does nothing.
 RUN_AS = b"x-openai-compat-run-as"
+# The owner of the batch whose lines the runner is sending (batch/runner.py sets it).
+batch_owner: ContextVar[str] = ContextVar("openai_compat_batch_owner", default="")
 
 
 class Tenants:
