@@ -137,6 +137,8 @@ def test_owners_are_names_so_a_rotated_key_keeps_its_jobs(tmp_path: Path) -> Non
     assert tenants.owner(legacy) == hashlib.sha256(b"legacy").hexdigest()[:32]
     assert tenants.by_owner(tenants.owner(legacy)) is legacy
     assert tenants.by_owner("key:nobody") is None and tenants.owner(None) == ""
+    local = tenants.by_owner("")  # a job made without a key (the batch CLI): unlimited
+    assert local is not None and local.models is None and not local.limited
 
 
 @pytest.mark.parametrize(

@@ -146,7 +146,11 @@ class Tenants:
         return key.digest.hex()[:32]
 
     def by_owner(self, owner: str) -> Key | None:
-        """The key a batch's owner runs as now (None: gone from the file)."""
+        """The key a batch's owner runs as now (None: gone from the file). A job made
+        without a key (a server that had none then, or `openai-compat batch` on this machine)
+        runs as an --api-key key would: every model, no limits."""
+        if not owner:
+            return Key(API_KEY_NAME, bytes(32))
         if owner.startswith("key:"):
             return self.ring.by_name.get(owner[4:])
         for key in self.legacy:
