@@ -16,7 +16,9 @@ tenant's (the caller's key: tenants/) previous finish or the queue's virtual tim
 is later, and the tenant's finish moves on by cost / weight. The queue is kept in tag order,
 so with one tenant it is arrival order, and with several the engine's tokens are shared by
 weight: a key with 64 requests queued does not make another key's input wait behind them,
-and weights 3:1 give 3:1 of the tokens while both wait. While live
+and weights 3:1 give 3:1 of the tokens while both wait. While inputs of more than one key
+wait in the window, a batch is the next `batch_size` of them in that order (within the
+budget): the length-sorted search would otherwise pick across keys by length alone. While live
 calls keep coming, background batches are an eighth of batch_size, so a live request never
 waits behind a full one. Results go back with one event-loop callback per batch; a failing
 batch fails only its own callers.
@@ -281,9 +283,14 @@ class Scheduler:
             del queue[:seen]
             if not window:
                 continue
-            # the tightest batch, unless the oldest input was passed over MAX_PASSES times
-            must = self._passes >= MAX_PASSES
-            batch = form_batch(window, size, self.max_batch_tokens, oldest=must)
+            if len({s.tenant for s in window}) > 1:
+                # keys contend: the next `size` inputs in fair order (the tightest run over
+                # the whole window would pick by length across keys and undo their shares)
+                batch = form_batch(window[:size], size, self.max_batch_tokens)
+            else:
+                # the tightest batch, unless the oldest input was passed over MAX_PASSES times
+                must = self._passes >= MAX_PASSES
+                batch = form_batch(window, size, self.max_batch_tokens, oldest=must)
             taken = set(map(id, batch))
             self._passes = 0 if id(window[0]) in taken else self._passes + 1
             queue[0:0] = [s for s in window if id(s) not in taken]  # keep their place
