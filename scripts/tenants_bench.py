@@ -169,6 +169,9 @@ def main() -> None:
             flush=True,
         )
         scenarios = ["alone", "flood", "fifo-flood", "weights", "cost-nokeys", "cost-keyed"]
+        only = os.environ.get("SCENARIOS")  # a comma-separated subset, for a quick look
+        if only:
+            scenarios = [s for s in scenarios if s in only.split(",")]
         for r in range(rounds):
             order = scenarios if r % 2 == 0 else scenarios[::-1]
             out: dict[str, str] = {}
@@ -205,7 +208,10 @@ def run_scenario(
         a, b = Client(url, "A", "m", 32, seed + 3), Client(url, "B", "m", 32, seed + 4)
         asyncio.run(drive([a, b]))
         ratio = a.inputs / b.inputs if b.inputs else float("inf")
-        return f"A {a.inputs / SECONDS:6.1f} inputs/s  B {b.inputs / SECONDS:6.1f}  A/B {ratio:.2f}"
+        return (
+            f"A {a.inputs / SECONDS:6.1f} inputs/s  B {b.inputs / SECONDS:6.1f}  A/B {ratio:.2f}"
+            f"  429s A {a.refused} B {b.refused}"
+        )
     url = servers["nokeys" if scenario == "cost-nokeys" else "keyed"][1]
     c = Client(url, "shared" if scenario == "cost-nokeys" else "K", "m", 32, seed + 5)
     asyncio.run(drive([c]))

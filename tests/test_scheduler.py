@@ -352,3 +352,20 @@ async def test_the_scheduler_runs_each_batch_on_the_tuners_count() -> None:
     assert runner.given == [2, 1] and tuner.chosen == 1
     # a runner without a choice (tunable_threads absent or 1) is never told a count
     assert Scheduler(Recorder(), name="u", batch_size=1, max_batch_tokens=1).tuner is None
+
+
+def test_the_preparation_queue_takes_keys_in_fair_order() -> None:
+    """engine/prep.py: a key with five requests waiting to be tokenized does not put another
+    key's request behind all of them."""
+    from openai_compat.engine.prep import FairPrep
+
+    prep = FairPrep("t")
+    gate, order = threading.Event(), []
+    held = prep.submit("A", 1.0, 1, gate.wait, 5)  # holds the thread
+    jobs = [prep.submit("A", 1.0, 16, order.append, f"a{i}") for i in range(5)]
+    jobs.append(prep.submit("B", 1.0, 16, order.append, "b0"))
+    gate.set()
+    for job in [held, *jobs]:
+        job.result(5)
+    prep.shutdown()
+    assert order == ["b0", "a0", "a1", "a2", "a3", "a4"]

@@ -21,7 +21,6 @@ embedder.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 
 from openai_compat.engine import folders
 from openai_compat.engine.debug import DebugRunner
+from openai_compat.engine.prep import FairPrep
 from openai_compat.engine.priority import in_background, tenant
 from openai_compat.engine.scheduler import EngineStopped, Scheduler
 from openai_compat.engine.text import TextKind, TextRunner
@@ -77,9 +77,7 @@ class NativeEngine:
         self.scheduler = Scheduler(
             runner, name=name, batch_size=batch_size, max_batch_tokens=max_batch_tokens
         )
-        self._prepare = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix=f"prepare-{name}"
-        )
+        self._prepare = FairPrep(name)
         self._started = False
 
     # ------------------------------------------------------------ lifecycle
@@ -94,7 +92,7 @@ class NativeEngine:
             self._started = True
 
     async def astop(self) -> None:
-        self._prepare.shutdown(wait=False, cancel_futures=True)
+        self._prepare.shutdown()
         await asyncio.to_thread(self.scheduler.stop)
 
     def queue_length(self) -> int:
@@ -107,10 +105,12 @@ class NativeEngine:
         special tokens included)."""
         if not self.is_running:
             raise EngineStopped(f"model {self.name!r}: the engine is not running")
-        loop = asyncio.get_running_loop()
-        rows = await loop.run_in_executor(self._prepare, self.runner.prepare, list(inputs), task)
-        costs = [r.length for r in rows]
         name, weight = tenant()
+        job = self._prepare.submit(
+            name, weight, len(inputs), self.runner.prepare, list(inputs), task
+        )
+        rows = await asyncio.wrap_future(job)
+        costs = [r.length for r in rows]
         results = await self.scheduler.submit(
             rows, costs, background=in_background(), tenant=name, weight=weight
         )

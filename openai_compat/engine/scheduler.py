@@ -294,7 +294,10 @@ class Scheduler:
             taken = set(map(id, batch))
             self._passes = 0 if id(window[0]) in taken else self._passes + 1
             queue[0:0] = [s for s in window if id(s) not in taken]  # keep their place
-            served = max(s.order for s in batch)
+            # the virtual time: the earliest start tag in service (start-time fair queuing;
+            # the latest would let a batch picked by length jump it past waiting inputs, and
+            # put a key that just came back behind them)
+            served = min(s.order for s in batch)
             self._vtime[background] = max(self._vtime[background], served)
             return batch
 
