@@ -61,6 +61,12 @@ key_sha256 = "{sha("old-key")}"
 expires = "2020-01-01T00:00:00Z"
 
 [[keys]]
+name = "batchtpm"
+key_sha256 = "{sha("batchtpm-key")}"
+models = ["minilm"]
+tpm = 30
+
+[[keys]]
 name = "owner"
 key_sha256 = "{sha("owner-key-1")}"
 models = ["minilm"]
@@ -267,3 +273,33 @@ def test_batches_are_owned_by_name_and_run_as_their_owner(
     with pytest.raises(openai.AuthenticationError):
         client.batches.retrieve(batch.id)  # the old key is gone
     keys_file.write_text(KEYS)
+
+
+def test_a_batch_line_larger_than_the_whole_tpm_fails_instead_of_waiting(
+    srv: RemoteServer,
+) -> None:
+    """Batch lines run at the owner's pace (a rate 429 is tried again), but one larger than
+    the owner's whole tokens per minute can never run: it fails, and the batch completes."""
+    lines = [
+        {"custom_id": "small", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "minilm", "input": "hello"}},
+        {"custom_id": "huge", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "minilm", "input": "word " * 40}},
+    ]  # fmt: skip
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="batchtpm-key")
+    upload = client.files.create(
+        file=("in.jsonl", "\n".join(json.dumps(x) for x in lines).encode()), purpose="batch"
+    )
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    deadline = time.monotonic() + 60
+    while (job := client.batches.retrieve(batch.id)).status not in ("completed", "failed"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.3)
+    assert job.request_counts is not None
+    assert (job.request_counts.completed, job.request_counts.failed) == (1, 1)
+    assert job.error_file_id is not None
+    row = json.loads(client.files.content(job.error_file_id).text.splitlines()[0])
+    assert row["custom_id"] == "huge" and row["response"]["status_code"] == 429
+    assert row["response"]["body"]["error"]["code"] == "request_too_large"

@@ -180,6 +180,7 @@ def test_tokens_per_minute_refuse_a_request_over_the_whole_limit_and_an_empty_bu
     with pytest.raises(RateLimited) as caught:
         limiter.reserve(k, 601)
     assert "more than key 'k''s whole limit of 600 tokens per minute" in caught.value.message
+    assert caught.value.code == "request_too_large" and not caught.value.headers
     limiter.reserve(k, 500)
     with pytest.raises(RateLimited) as caught:
         limiter.reserve(k, 200)  # 100 left: 100 more come in 10 s

@@ -17,6 +17,7 @@ import orjson
 
 from openai_compat.batch.store import new_id
 from openai_compat.bodies import INLINE_BYTES
+from openai_compat.tenants.limits import TOO_LARGE
 
 logger = logging.getLogger("openai_compat.batch")
 
@@ -254,9 +255,21 @@ async def run_line(
         "error": None,
     }
     result = LineResult(200 <= status < 300, record)
-    if status in RETRY_STATUSES:
+    if status in RETRY_STATUSES and not _final(content):
         raise Retry(status, result)
     return result
+
+
+def _final(content: bytes) -> bool:
+    """A 429 that waiting cannot cure (larger than the owner's whole tokens per minute):
+    the line fails with it instead of being tried again until the batch expires."""
+    if TOO_LARGE.encode() not in content[:4096]:
+        return False
+    try:
+        error = orjson.loads(content).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("code") == TOO_LARGE
 
 
 def _inputs(raw: bytes) -> int:

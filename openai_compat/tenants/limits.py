@@ -25,6 +25,9 @@ from openai_compat.errors import RateLimited
 from openai_compat.tenants.keys import Key
 
 Clock = Callable[[], float]
+# The code of the 429 for a request larger than a key's whole tpm: retrying cannot help (a
+# Batch API line with it fails instead of waiting; batch/lines.py).
+TOO_LARGE = "request_too_large"
 
 
 def duration(seconds: float) -> str:
@@ -136,11 +139,12 @@ class Limiter:
         bucket = use.tokens
         if bucket is None or tokens <= 0:
             return
-        if tokens > bucket.limit:
+        if tokens > bucket.limit:  # waiting never helps: no Retry-After, a code of its own
             raise RateLimited(
                 f"This request has {tokens} input tokens, more than key {key.name!r}'s whole "
                 f"limit of {bucket.limit} tokens per minute (type tokens); split it.",
                 param="input",
+                code=TOO_LARGE,
             )
         bucket.refill(self.clock())
         if bucket.level < tokens:
