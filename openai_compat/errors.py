@@ -354,8 +354,7 @@ def install_error_handlers(app: FastAPI) -> None:
         )
         return error_response(
             500,
-            "The server had an error while processing your request (request id "
-            f"{request_id}).",
+            f"The server had an error while processing your request (request id {request_id}).",
             type="server_error",
             code="internal_error",
             family=family_for(request.scope),

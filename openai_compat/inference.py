@@ -332,15 +332,24 @@ async def _media_engine_call(entry: ModelEntry, modality: Modality, payloads: li
     return vectors
 
 
-def check_dimensions(dimensions: int | None, entry: ModelEntry) -> None:
+def check_dimensions(dimensions: int | None, entry: ModelEntry, param: str = "dimensions") -> None:
+    """A size the model can be cut to: 1 to its own, and where the configuration declares
+    its Matryoshka sizes, one of those (or the full size)."""
     if dimensions is None:
         return
     size = entry.dimensions
     if dimensions < 1 or (size is not None and dimensions > size):
         raise BadRequest(
-            f"'dimensions' must be between 1 and {size} for model {entry.name!r}, "
-            f"got {dimensions}.",
-            param="dimensions",
+            f"'{param}' must be between 1 and {size} for model {entry.name!r}, got {dimensions}.",
+            param=param,
+            code="invalid_dimensions",
+        )
+    declared = entry.config.matryoshka_dimensions
+    if declared and dimensions != size and dimensions not in declared:
+        sizes = ", ".join(map(str, sorted({*declared, *([size] if size else [])}, reverse=True)))
+        raise BadRequest(
+            f"Model {entry.name!r} was trained for '{param}' of {sizes} only; got {dimensions}.",
+            param=param,
             code="invalid_dimensions",
         )
 

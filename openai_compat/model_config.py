@@ -183,6 +183,12 @@ class ModelConfig(BaseModel):
     default_prompt: str | None = Field(
         None, description="The prompt for requests that name none (default: the folder's)."
     )
+    matryoshka_dimensions: list[int] | None = Field(
+        None,
+        description="The sizes a Matryoshka model was trained to be cut to (e.g. [768, 512, "
+        "256, 128]): `dimensions` / `output_dimension` must be one of them or the full size; "
+        "absent: any size up to the model's (no model folder declares them).",
+    )
     quantization_range: float | None = Field(
         None, gt=0, description="Largest |value| int8/uint8 represent (default: calibrated)."
     )
@@ -212,6 +218,13 @@ class ModelConfig(BaseModel):
         if backend not in ("torch", engine):
             raise ValueError(f"engine = {engine!r} means backend = {engine!r}, not {backend!r}")
         return {**data, "engine": NATIVE, "backend": engine}
+
+    @field_validator("matryoshka_dimensions")
+    @classmethod
+    def _sizes(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is not None and (not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes)):
+            raise ValueError("matryoshka_dimensions must be distinct sizes >= 1")
+        return sizes
 
     @field_validator("keep_alive", mode="before")
     @classmethod

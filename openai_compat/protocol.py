@@ -103,6 +103,10 @@ class ModelCard(BaseModel):
         None, description="Named prompts (prefixes) a request can choose; absent if none."
     )
     default_prompt: str | None = Field(None, description="The prompt used when none is named.")
+    matryoshka_dimensions: list[int] | None = Field(
+        None,
+        description="The sizes `dimensions` may take (configured); absent: any up to `dimensions`.",
+    )
     modes: list[str] | None = Field(
         None,
         description="A multi-vector model that embeds queries and documents apart: the sides "

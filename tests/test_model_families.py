@@ -185,6 +185,9 @@ def server(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -
     toml = tmp_path_factory.mktemp("cfg") / "families.toml"
     toml.write_text(
         "".join(f'[[models]]\nname = "{n}"\nmodel = "{p}"\n\n' for n, p in folders.items())
+        # the same Gemma folder with its Matryoshka sizes declared
+        + f'[[models]]\nname = "gemma3-mrl"\nmodel = "{folders["gemma3"]}"\n'
+        "matryoshka_dimensions = [16, 8]\n"
     )
     with RemoteServer(["--config", str(toml)]) as srv:
         yield srv
@@ -244,6 +247,27 @@ def test_every_family_answers_its_routes_from_its_folder_alone(
     gemma = cls(folders["gemma3"], "SentenceTransformer")
     default = client.embeddings.create(model="gemma3", input=TEXTS)
     assert np.abs(np.array([d.embedding for d in default.data]) - gemma.encode(TEXTS)).max() < 1e-5
+
+    # Matryoshka sizes, where declared: a prefix renormalised; other sizes are a 400
+    mrl = models["gemma3-mrl"]
+    assert (
+        mrl["matryoshka_dimensions"] == [16, 8] and "matryoshka_dimensions" not in models["gemma3"]
+    )
+    cut = gemma.encode(TEXTS, truncate_dim=16)
+    cut = cut / np.linalg.norm(cut, axis=1, keepdims=True)
+    got16 = client.embeddings.create(model="gemma3-mrl", input=TEXTS, dimensions=16)
+    assert np.abs(np.array([d.embedding for d in got16.data]) - cut).max() < 1e-5
+    for body, path in (
+        ({"model": "gemma3-mrl", "input": TEXTS, "dimensions": 12}, "/v1/embeddings"),
+        ({"model": "gemma3-mrl", "texts": TEXTS, "output_dimension": 12}, "/v2/embed"),
+    ):
+        refused = httpx.post(server.url + path, json=body)
+        assert refused.status_code == 400, refused.text
+        assert "of 32, 16, 8 only; got 12" in refused.text
+    assert (
+        len(client.embeddings.create(model="gemma3", input="x", dimensions=12).data[0].embedding)
+        == 12
+    )
 
     # causal-LM reranker: the library's order and scores on Cohere's, Jina's and TEI's routes
     reranker = cls(folders["qwen3-rerank"], "CrossEncoder")

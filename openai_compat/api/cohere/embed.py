@@ -33,6 +33,7 @@ from openai_compat.encoding import as_matrix, orjson_response, truncate_dimensio
 from openai_compat.errors import BadRequest
 from openai_compat.inference import (
     check_count,
+    check_dimensions,
     embed_fitted,
     embed_media,
     embed_texts,
@@ -225,14 +226,7 @@ def _output_dimension(body: EmbedRequestV1, entry: ModelEntry) -> int | None:
     wanted = body.output_dimension if isinstance(body, EmbedRequestV2) else None
     if wanted is None:
         return None
-    size = entry.dimensions or 0
-    if not 1 <= wanted <= size:
-        raise BadRequest(
-            f"'output_dimension' must be between 1 and {size} for model {entry.name!r}, "
-            f"got {wanted}.",
-            param="output_dimension",
-            code="invalid_dimensions",
-        )
+    check_dimensions(wanted, entry, "output_dimension")
     return wanted
 
 

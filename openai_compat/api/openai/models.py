@@ -26,6 +26,7 @@ def card(entry: ModelEntry, id: str) -> dict[str, Any]:
         root=entry.name,
         capabilities=sorted(entry.capabilities),
         dimensions=entry.dimensions,
+        matryoshka_dimensions=entry.config.matryoshka_dimensions,
         max_input_tokens=entry.max_length,
         **(entry.prompts.describe() or {}),
         quantization_range=entry.quantizer.range(entry.dimensions or 0)
