@@ -353,5 +353,6 @@ def raw_score(entry: ModelEntry, score: float) -> float:
         return 2.0 * score - 1.0
     if entry.sparse:  # the dot product itself
         return score
-    score = min(max(score, 1e-12), 1 - 1e-12)
+    # the scores are float64 sigmoids (engine/native.py): invertible to |logit| ~ 36
+    score = min(max(score, math.ulp(0.0)), math.nextafter(1.0, 0.0))
     return math.log(score / (1.0 - score))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,13 @@ def run(engine: native.NativeEngine, work: Any) -> Any:
             await engine.astop()
 
     return asyncio.run(main())
+
+
+class Entry:
+    """What scoring.raw_score reads of a cross-encoder's entry."""
+
+    cosine_rerank = False
+    sparse = False
 
 
 def cls(folder: Path, name: str) -> Any:
@@ -123,6 +132,12 @@ def test_a_causal_lm_reranker_scores_the_yes_no_log_odds_as_predict_does(
     assert np.abs(np.array([s.relevance_score for s in scored]) - expected).max() < 1e-5
     assert np.abs(np.array([s.relevance_score for s in raw]) - odds).max() < 1e-5
     assert np.abs(1 / (1 + np.exp(-odds)) - expected).max() < 1e-5  # the documented transform
+    # confident pairs keep their log-odds through the sigmoid (TEI's raw_scores inverts it)
+    from openai_compat.scoring import raw_score
+
+    for odds_value in (-30.0, -16.0, 16.0, 25.0):
+        score = float(engine._activation(np.array([odds_value], dtype=np.float32))[0])
+        assert abs(raw_score(Entry(), score) - odds_value) < 1e-4, odds_value
 
 
 def test_a_multi_vector_encoder_embeds_queries_and_documents_apart(
@@ -313,6 +328,22 @@ def test_every_family_answers_its_routes_from_its_folder_alone(
         for item, vectors in zip(data, want, strict=True):
             assert item["shape"] == list(vectors.shape), asked
             assert np.abs(_floats(item) - vectors).max() < 1e-5, asked
+    # ... and through the Batch API: a line's side is its input_type, as on the live route
+    line = {"model": "colbert", "input": short, "input_type": "query", "encoding_format": "base64"}
+    jsonl = json.dumps({"custom_id": "q", "method": "POST", "url": "/v1/embeddings", "body": line})
+    upload = client.files.create(file=("in.jsonl", jsonl.encode()), purpose="batch")
+    job = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    deadline = time.monotonic() + 60
+    while (job := client.batches.retrieve(job.id)).status not in ("completed", "failed"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+    assert job.output_file_id is not None
+    row = json.loads(client.files.content(job.output_file_id).text.splitlines()[0])
+    want = colbert.encode_query(short, convert_to_numpy=True)
+    for item, vectors in zip(row["response"]["body"]["data"], want, strict=True):
+        assert np.abs(_floats(item) - vectors).max() < 1e-5
     scores = colbert.similarity(colbert.encode_query([QUERY]), colbert.encode_document(TEXTS))[
         0
     ].numpy()

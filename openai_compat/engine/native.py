@@ -181,8 +181,10 @@ class NativeEngine:
         fn = getattr(self.model, "activation_fn", None)
         if fn is None:
             return logits
+        # in float64: a confident pair's sigmoid stays invertible (TEI's raw_scores takes
+        # the logit back; float32 rounds sigmoid(16) to 1 - 1e-7 and loses it)
         with torch.inference_mode():
-            return fn(torch.from_numpy(np.ascontiguousarray(logits))).float().numpy()
+            return fn(torch.from_numpy(np.asarray(logits, dtype=np.float64))).numpy()
 
     def _labelled(self, row: np.ndarray, *, softmax: bool) -> list[dict[str, Any]]:
         values = row.astype(np.float64)
