@@ -25,6 +25,7 @@ from openai_compat.inference import (
 )
 from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
+from openai_compat.tenants.limits import counts_first, reserve_tokens
 from openai_compat.tokens import Names, field_names
 
 # ---------------------------------------------------------------- rerank
@@ -125,7 +126,11 @@ async def rerank_texts(
             pairs = await _cut_documents(entry, query, docs)
             if not truncate_for(entry, settings):
                 await _refuse_long_pairs(entry, query, docs, pairs, docs_param)
-            if entry.engine_counts:  # the engine counts the pairs it tokenizes: no 2nd pass
+            if counts_first():  # a key's tpm: the pairs' tokens are taken before they run
+                tokens = await counter.pair_usage(query, pairs)
+                reserve_tokens(tokens)
+                results, _ = await entry.engine.rerank(query=query, docs=pairs)
+            elif entry.engine_counts:  # the engine counts the pairs it tokenizes: no 2nd pass
                 results, tokens = await entry.engine.rerank(query=query, docs=pairs)
             else:
                 tokens, (results, _) = await asyncio.gather(
@@ -286,10 +291,14 @@ async def classify_texts(
     tokens: int | None = None
     counter = entry.counter
     prepared = texts
-    if counter is not None and (not truncate or counter.needs_cutting(texts)):
-        # Refuse over-long input before spending engine time on it; cut huge texts.
+    if counter is not None and (
+        not truncate or counts_first() or counter.needs_cutting(texts)
+    ):
+        # Refuse over-long input before spending engine time on it; cut huge texts; take a
+        # key's tokens per minute before the model runs.
         names = field_names(param)
         tokens, prepared = await counter.prepare(texts, truncate=truncate, names=names)
+        reserve_tokens(tokens)
     with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
         if raw_scores:
             if entry.logits is None:

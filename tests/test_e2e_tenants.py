@@ -42,7 +42,7 @@ rpm = 2
 [[keys]]
 name = "tokens"
 key_sha256 = "{sha("tokens-key")}"
-models = ["minilm"]
+models = ["minilm", "reranker", "classifier"]
 tpm = 40
 
 [[keys]]
@@ -82,10 +82,16 @@ def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def srv(keys_file: Path, minilm_path: str) -> Iterator[RemoteServer]:
+    from tests.test_native_engine import tiny_cross_encoder
+
     config = keys_file.parent / "models.toml"
+    reranker = tiny_cross_encoder(minilm_path, keys_file.parent / "reranker", 1)
+    classifier = tiny_cross_encoder(minilm_path, keys_file.parent / "classifier", 3)
     config.write_text(
         f'[[models]]\nname = "minilm"\nmodel = "{minilm_path}"\naliases = ["mini"]\n\n'
-        '[[models]]\nname = "secret"\nmodel = "debug/engine"\nengine = "debugengine"\n'
+        '[[models]]\nname = "secret"\nmodel = "debug/engine"\nengine = "debugengine"\n\n'
+        f'[[models]]\nname = "reranker"\nmodel = "{reranker}"\n\n'
+        f'[[models]]\nname = "classifier"\nmodel = "{classifier}"\n'
     )
     args = ["--config", str(config), "--keys-file", str(keys_file), "--api-key", "legacy"]
     with RemoteServer([*args, "--cache-bytes", "0"]) as server:
@@ -134,9 +140,10 @@ def test_a_model_outside_the_scope_does_not_exist_on_any_route(srv: RemoteServer
     ):
         answer = post(srv, path, "scoped-key", body)
         assert answer.status_code == 404, (path, answer.text)
-    # a key without `models` sees both
+    # a key without `models` sees them all
     everything = httpx.get(srv.url + "/v1/models", headers=bearer("nobatch-key")).json()
-    assert {m["id"] for m in everything["data"]} == {"minilm", "mini", "secret"}
+    served = {"minilm", "mini", "secret", "reranker", "classifier"}
+    assert {m["id"] for m in everything["data"]} == served
     # a hostile Host header changes nothing: the decision reads the raw path
     hostile = httpx.post(
         srv.url + "/v1/embeddings",
@@ -180,6 +187,14 @@ def test_tokens_per_minute_count_what_usage_counts(srv: RemoteServer) -> None:
     with pytest.raises(openai.RateLimitError) as caught:
         client.embeddings.create(model="minilm", input="word " * 20)  # 22 > 18 left
     assert "tokens per minute: limit 40 (22 asked)" in str(caught.value)
+    # a cross-encoder's pairs and a classifier's texts are counted before they run too
+    for path, body in (
+        ("/v1/rerank", {"model": "reranker", "query": long, "documents": ["a", "b"]}),
+        ("/v1/classify", {"model": "classifier", "input": [long]}),
+    ):
+        over = post(srv, path, "tokens-key", body)
+        assert over.status_code == 429, (path, over.text)
+        assert "whole limit of 40 tokens per minute" in over.text, path
 
 
 def test_permissions_for_batches_and_admin(srv: RemoteServer) -> None:
@@ -303,3 +318,50 @@ def test_a_batch_line_larger_than_the_whole_tpm_fails_instead_of_waiting(
     row = json.loads(client.files.content(job.error_file_id).text.splitlines()[0])
     assert row["custom_id"] == "huge" and row["response"]["status_code"] == 429
     assert row["response"]["body"]["error"]["code"] == "request_too_large"
+
+
+def test_a_flooding_key_does_not_hold_back_another_on_a_slow_engine(tmp_path: Path) -> None:
+    """Fair share end to end, ordered by events, not timed: on an engine that takes 0.05 s a
+    batch (tests/slow_engine.py), key A queues 48 requests of 16 inputs (24 batches), then key
+    B sends 2. B is answered after at most a few of A's requests, not after A's queue (on one
+    shared FIFO, B would finish last)."""
+    import asyncio
+
+    config = tmp_path / "models.toml"
+    config.write_text(
+        '[[models]]\nname = "debug"\nmodel = "debug/engine"\nengine = "debugengine"\n'
+    )
+    keys = tmp_path / "keys.toml"
+    keys.write_text(
+        "".join(f'[[keys]]\nname = "{n}"\nkey_sha256 = "{sha(n)}"\n\n' for n in ("A", "B"))
+    )
+    body = {"model": "debug", "input": ["twelve chars"] * 16}
+    with RemoteServer(
+        ["--config", str(config), "--keys-file", str(keys)],
+        env={"OPENAI_COMPAT_TEST_BATCH_SECONDS": "0.05"},
+        slow_engine=True,
+    ) as server:
+        done: list[str] = []
+
+        async def send(client: httpx.AsyncClient, key: str) -> None:
+            answer = await client.post("/v1/embeddings", json=body, headers=bearer(key))
+            assert answer.status_code == 200, answer.text
+            done.append(key)
+
+        async def main() -> None:
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+                flood = [asyncio.create_task(send(client, "A")) for _ in range(48)]
+                while True:  # A's inputs are all queued before B comes
+                    text = (await client.get("/metrics")).text
+                    line = next(x for x in text.splitlines() if x.startswith(QUEUED))
+                    if float(line.rsplit(" ", 1)[1]) >= 48 * 16:
+                        break
+                    await asyncio.sleep(0.01)
+                await asyncio.gather(send(client, "B"), send(client, "B"), *flood)
+
+        asyncio.run(main())
+    a_before_b = done.index("B", done.index("B") + 1) - 1  # A's answers before B's last
+    assert a_before_b <= 6, done
+
+
+QUEUED = 'openai_compat_queued_inputs{model="debug"}'
