@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from benchkit.load import _WORDS as WORDS  # noqa: E402
+from shared_cpu import free_port, ready  # noqa: E402 (the same port and /ready wait)
 
 IN_FLIGHT, PER_REQUEST = 8, 16
 SECONDS = float(os.environ.get("BENCH_SECONDS", "8"))  # a smoke run sets it lower
@@ -63,12 +63,6 @@ def texts(rng: random.Random, n: int, serial: list[int]) -> list[str]:
     ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def serve(name: str, folder: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
     config = work / f"{name}.toml"
     config.write_text(f'[[models]]\nname = "{name}"\nmodel = "{folder}"\n')
@@ -79,19 +73,6 @@ def serve(name: str, folder: Path, work: Path) -> tuple[subprocess.Popen[bytes],
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1"}
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"
-
-
-async def ready(url: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(900):
-            try:
-                async with session.get(url + "/ready") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise SystemExit(f"{url} never became ready")
 
 
 async def drive(url: str, name: str, route: str, seed: int) -> float:

@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit.load import _WORDS as WORDS
+from shared_cpu import free_port, ready  # the same port and /ready wait
 
 PER_REQUEST = 16
 SECONDS = float(os.environ.get("BENCH_SECONDS", "12"))
@@ -41,12 +41,6 @@ WARMUP = 3.0
 
 def sha(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve(
@@ -66,19 +60,6 @@ def serve(
         command += ["--keys-file", str(path)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1"}
     return subprocess.Popen(command, env=env, start_new_session=True), f"http://127.0.0.1:{port}"
-
-
-async def ready(url: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(900):
-            try:
-                async with session.get(url + "/ready") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise SystemExit(f"{url} never became ready")
 
 
 class Client:
