@@ -75,6 +75,14 @@ def trained_models(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -
     }
 
 
+@pytest.fixture(scope="session")
+def family_folders(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> dict[str, Path]:
+    """Tiny random models of the 2026 families (tests/families.py), built once per session."""
+    from tests import families
+
+    return families.build(tmp_path_factory.mktemp("families"), minilm_path)
+
+
 # Fixture models that take minutes to build (trained, seeded), kept between sessions and
 # between CI's two environments; keyed on the builder's source. Tests get a copy.
 FIXTURE_CACHE = Path(__file__).resolve().parent.parent / "test-artifacts" / "fixture-cache"

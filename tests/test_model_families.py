@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import time
 from collections.abc import Iterator
@@ -40,8 +41,8 @@ QUERY = "what is the capital of france ?"
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> dict[str, Path]:
-    return families.build(tmp_path_factory.mktemp("families"), minilm_path)
+def folders(family_folders: dict[str, Path]) -> dict[str, Path]:
+    return family_folders
 
 
 def config(source: Path, **kw: Any) -> ModelConfig:
@@ -202,7 +203,9 @@ def server(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -
         "".join(f'[[models]]\nname = "{n}"\nmodel = "{p}"\n\n' for n, p in folders.items())
         # the same Gemma folder with its Matryoshka sizes declared
         + f'[[models]]\nname = "gemma3-mrl"\nmodel = "{folders["gemma3"]}"\n'
-        "matryoshka_dimensions = [16, 8]\n"
+        "matryoshka_dimensions = [16, 8]\n\n"
+        # the decoder embedder again, loaded by the model pool on its first request
+         + f'[[models]]\nname = "qwen3-lazy"\nmodel = "{folders["qwen3-embed"]}"\nload = "lazy"\n'
     )
     with RemoteServer(["--config", str(toml)]) as srv:
         yield srv
@@ -350,3 +353,76 @@ def test_every_family_answers_its_routes_from_its_folder_alone(
     ranked = co.rerank(model="colbert", query=QUERY, documents=TEXTS).results
     assert [r.index for r in ranked] == list(np.argsort(-scores, kind="stable"))
     assert max(abs(r.relevance_score - scores[r.index]) for r in ranked) < 1e-4
+
+
+LONG = " ".join(families.WORDS[2:] * 12)  # ~400 words: past the decoder's 128-token window
+
+
+@pytest.mark.slow
+def test_the_families_have_what_every_model_has(server: Any, folders: dict[str, Path]) -> None:
+    """Long inputs, Cohere's compact types, the tutorial's /rerank by position, `late`
+    refused on last-token pooling, and the model pool, on the families' folders."""
+    import cohere
+
+    qwen = cls(folders["qwen3-embed"], "SentenceTransformer")
+    post = functools.partial(httpx.post, timeout=60)
+
+    # long inputs: every window is the library's vector of that slice; "mean" their
+    # token-weighted average, renormalised
+    body = {"model": "qwen3-embed", "input": LONG, "long_input": "chunks"}
+    answer = post(server.url + "/v1/embeddings", json=body).json()
+    chunks = answer["data"][0]["chunks"]
+    slices = [LONG[c["start"] : c["end"]] for c in chunks]
+    assert len(chunks) >= 3 and chunks[0]["start"] == 0 and chunks[-1]["end"] == len(LONG)
+    want = qwen.encode(slices)
+    assert np.abs(np.array([c["embedding"] for c in chunks]) - want).max() < 1e-5
+    tokens = [len(qwen.tokenizer(s)["input_ids"]) for s in slices]
+    assert [c["tokens"] for c in chunks] == tokens and max(tokens) <= 128
+    pooled = (want * np.array(tokens)[:, None]).sum(axis=0)
+    mean = post(server.url + "/v1/embeddings", json={**body, "long_input": "mean"}).json()
+    got = np.array(mean["data"][0]["embedding"])
+    assert np.abs(got - pooled / np.linalg.norm(pooled)).max() < 1e-5
+    # ... and "late" needs token vectors that mean pooling makes: refused on last-token
+    late = post(server.url + "/v1/embeddings", json={**body, "long_input": "late"})
+    assert late.status_code == 400 and "pooling" in late.text, late.text
+    assert late.json()["error"]["param"] == "long_input"
+
+    # Cohere's compact types: ubinary is the library's own packed signs, int8 keeps the cosine
+    co = cohere.ClientV2(base_url=server.url, api_key="unused")
+    compact = co.embed(
+        model="qwen3-embed",
+        texts=TEXTS,
+        input_type="search_document",
+        embedding_types=["float", "int8", "ubinary"],
+    ).embeddings
+    floats = qwen.encode_document(TEXTS)
+    packed = st.quantize_embeddings(floats, precision="ubinary")
+    assert np.array_equal(np.array(compact.ubinary, dtype=np.uint8), packed)
+    int8 = np.array(compact.int8, dtype=np.float64)
+    cosines = (int8 * floats).sum(1) / np.linalg.norm(int8, axis=1) / np.linalg.norm(floats, axis=1)
+    assert cosines.min() > 0.99, cosines
+
+    # the tutorial's /rerank picks its model by position: the causal-LM reranker is #1
+    reranker = cls(folders["qwen3-rerank"], "CrossEncoder")
+    expected = reranker.predict([(QUERY, d) for d in TEXTS])
+    tutorial = post(
+        server.url + "/rerank", json={"query": QUERY, "docs": TEXTS, "model_index": 1}
+    ).json()
+    assert tutorial["model"] == "qwen3-rerank"
+    ranked = tutorial["rankings"]
+    assert [r["index"] for r in ranked] == list(np.argsort(-expected, kind="stable"))
+    assert max(abs(r["relevance_score"] - expected[r["index"]]) for r in ranked) < 1e-5
+
+    # the model pool: a lazy family model is loaded by its first request, then answers as
+    # the library does
+    listed = {m["id"]: m for m in httpx.get(server.url + "/v1/models").json()["data"]}
+    assert listed["qwen3-lazy"]["state"] == "unloaded"
+    lazy = post(
+        server.url + "/v1/embeddings",
+        json={"model": "qwen3-lazy", "input": TEXTS, "input_type": "query"},
+    ).json()
+    got = np.array([d["embedding"] for d in lazy["data"]])
+    assert np.abs(got - qwen.encode_query(TEXTS)).max() < 1e-5
+    listed = {m["id"]: m for m in httpx.get(server.url + "/v1/models").json()["data"]}
+    assert listed["qwen3-lazy"]["state"] == "loaded"
+    assert listed["qwen3-lazy"]["capabilities"] == listed["qwen3-embed"]["capabilities"]

@@ -135,11 +135,18 @@ class PickledHandle:
 
 
 @pytest.fixture(scope="module")
-def configs(trained_models: dict[str, Path]) -> list[dict[str, Any]]:
+def configs(
+    trained_models: dict[str, Path], family_folders: dict[str, Path]
+) -> list[dict[str, Any]]:
     return [
         {"name": "minilm", "model": "builtin:all-MiniLM-L6-v2"},
         {"name": "reranker", "model": str(trained_models["reranker"])},
         {"name": "classifier", "model": str(trained_models["classifier"])},
+        # the 2026 families (#40): a query side and a causal-LM reranker across the wire
+        *(
+            {"name": name, "model": str(family_folders[name])}
+            for name in ("qwen3-embed", "qwen3-rerank", "colbert")
+        ),
     ]
 
 
@@ -192,6 +199,7 @@ async def clients(
 
 
 TEXTS = ["A man is eating food.", "The stock market crashed today.", "東京は日本の首都です。"]
+FAMILY = ["paris is the capital of france", "a man is eating food", "berlin , germany"]
 REQUESTS: list[tuple[str, str, Any]] = [
     ("POST", "/v1/embeddings", {"model": "minilm", "input": TEXTS}),
     ("POST", "/v1/embeddings", {"model": "minilm", "input": TEXTS, "encoding_format": "base64"}),
@@ -204,6 +212,20 @@ REQUESTS: list[tuple[str, str, Any]] = [
         {"model": "minilm", "input": ["late chunks here"], "long_input": "late", "chunk_tokens": 2},
     ),
     ("POST", "/v1/embeddings", {"model": "nope", "input": "x"}),
+    ("POST", "/v1/embeddings", {"model": "qwen3-embed", "input": FAMILY, "input_type": "query"}),
+    (
+        "POST",
+        "/v1/embeddings",
+        {"model": "colbert", "input": FAMILY, "input_type": "query", "encoding_format": "base64"},
+    ),
+    ("POST", "/v1/embeddings", {"model": "colbert", "input": FAMILY}),
+    ("POST", "/v2/rerank", {"model": "colbert", "query": "paris", "documents": FAMILY}),
+    ("POST", "/v2/rerank", {"model": "qwen3-rerank", "query": "paris", "documents": FAMILY}),
+    (
+        "POST",
+        "/rerank",
+        {"model": "qwen3-rerank", "query": "paris", "texts": FAMILY, "raw_scores": True},
+    ),
     (
         "POST",
         "/v2/embed",
@@ -238,6 +260,8 @@ async def test_every_route_answers_as_the_single_process_app(
         theirs = await single.request(method, path, json=body)
         ours = await remote.request(method, path, json=body)
         assert ours.status_code == theirs.status_code, (path, ours.text[:300], theirs.text[:300])
+        if body and FAMILY in (body.get("input"), body.get("documents"), body.get("texts")):
+            assert ours.status_code == 200, (path, ours.text[:300])  # the families answer
         assert ours.headers["content-type"] == theirs.headers["content-type"], path
         assert_same_answer(strip_volatile(ours.json()), strip_volatile(theirs.json()), path)
     # the engine work really went through the handles (the models run "remotely")
