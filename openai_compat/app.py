@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
-from openai_compat import __version__, cpus, logs, memory
+from openai_compat import __version__, cpus, logs
 from openai_compat.api import admin, docs, playground, probes, shared, vllm
 from openai_compat.api.cohere import embed as cohere_embed
 from openai_compat.api.cohere import rerank
@@ -28,16 +28,17 @@ from openai_compat.api.tutorial import routes as tutorial
 from openai_compat.batch import routes as batch_routes
 from openai_compat.batch.service import BatchService
 from openai_compat.bodies import BodyParser
-from openai_compat.cache import EmbeddingCache
 from openai_compat.errors import APIError, family_of, install_error_handlers
 from openai_compat.fastpath import FastPathMiddleware, fast_path_table
+from openai_compat.formats.media import MediaFetcher
 from openai_compat.lifecycle import Lifecycle, in_daemon_thread
-from openai_compat.loading import ModelLoader, stop_engines, unload_entry
-from openai_compat.media import MediaFetcher
 from openai_compat.metrics import Metrics
 from openai_compat.middleware import GatewayMiddleware
-from openai_compat.pool import ModelPool
-from openai_compat.registry import EngineFailure, ModelEntry, Registry
+from openai_compat.models import memory
+from openai_compat.models.cache import EmbeddingCache
+from openai_compat.models.loading import ModelLoader, stop_engines, unload_entry
+from openai_compat.models.pool import ModelPool
+from openai_compat.models.registry import EngineFailure, ModelEntry, Registry
 from openai_compat.settings import Settings, engine_package
 from openai_compat.tenants import Tenants
 
@@ -45,7 +46,7 @@ logger = logging.getLogger("openai_compat")
 
 
 async def _load(registry: Registry, lifecycle: Lifecycle, settings: Settings) -> None:
-    """The eager models, in order (lazy ones load on first use; pool.py); then ready."""
+    """The eager models, in order (lazy ones load on first use; models/pool.py); then ready."""
     assert registry.pool is not None
     try:
         # Import the engine (torch: seconds) off the event loop, then undo its logging setup.

@@ -217,7 +217,7 @@ def _native_export(model: Any, settings: Settings) -> Path:
 
 
 def demo_models(folder: Path) -> int:
-    from openai_compat import demo_models
+    from openai_compat.models import demo as demo_models
 
     print(f"making the demo models in {folder} (about a minute)...", file=sys.stderr)
     config = demo_models.build(folder)

@@ -24,7 +24,7 @@ from openai_compat.errors import (
 )
 from openai_compat.metrics import Metrics
 from openai_compat.middleware import UPLOAD_PATHS
-from openai_compat.slots import raise_if_unloaded, request_leases
+from openai_compat.models.slots import raise_if_unloaded, request_leases
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from starlette.routing import compile_path
 
 if TYPE_CHECKING:
-    from openai_compat.registry import Registry
+    from openai_compat.models.registry import Registry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -92,7 +92,7 @@ class _ModelState(Collector):
         ]
 
     def _residency(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
-        """Per configured model (pool.py): state, loads, unloads, load time, measured size."""
+        """Per configured model (models/pool.py): state, loads, unloads, load time, size."""
         pool = self.registry.pool
         if pool is None:
             return []

@@ -166,7 +166,8 @@ class ModelConfig(BaseModel):
         None, description="Truncate over-long inputs (true) or refuse them with 400 (false)."
     )
     long_input: Literal["error", "truncate", "mean", "chunks"] | None = Field(
-        None, description="Texts past the window: error, truncate, mean or chunks (long_inputs.py)."
+        None,
+        description="Texts past the window: error, truncate, mean or chunks (long inputs).",
     )
     window_overlap: int = Field(32, ge=0, description="Tokens consecutive windows share.")
     cache: bool = Field(True, description="Use the exact embedding cache (--cache-bytes).")

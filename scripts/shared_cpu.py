@@ -225,7 +225,7 @@ ENGINES = {
     # ours (loading.create_engine, as the server builds it): what the HTTP layer costs on top
     "native-engine": """
 def build():
-    from openai_compat.loading import create_engine
+    from openai_compat.models.loading import create_engine
     from openai_compat.settings import ModelConfig
     return create_engine(ModelConfig(model="builtin:all-MiniLM-L6-v2", device="cpu"))
 """,

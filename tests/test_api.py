@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
-from openai_compat.encoding import decode_base64_embedding
+from openai_compat.formats.encoding import decode_base64_embedding
 from openai_compat.settings import ModelConfig, Settings
 from tests.utils import app_client
 

@@ -242,8 +242,8 @@ def test_a_backend_without_its_extra_names_ours(
     """A backend without its runtime names our extra, not the library's packages."""
     import importlib.util
 
-    from openai_compat import loading
-    from openai_compat.registry import EngineFailure
+    from openai_compat.models import loading
+    from openai_compat.models.registry import EngineFailure
     from openai_compat.settings import ModelConfig
 
     real = importlib.util.find_spec

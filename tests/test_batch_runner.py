@@ -277,7 +277,7 @@ async def test_lines_larger_together_than_admission_never_livelock(tmp_path: Pat
     """A 1-input line beside a 150-input one under an admission limit of 100: the waves are
     cut so admission can take each whole; refused lines are sent again alone, and a line
     that finished is never sent twice."""
-    from openai_compat.registry import ModelEntry
+    from openai_compat.models.registry import ModelEntry
     from openai_compat.settings import ModelConfig
 
     store = Store(tmp_path / "data")

@@ -1,4 +1,4 @@
-"""The exact embedding cache (cache.py): repeats cost no forward pass and answer bit for bit
+"""The exact embedding cache (models/cache.py): repeats cost no forward pass and answer bit for bit
 what the first computation did; repeats inside one request are computed once; usage counts
 every input; the byte budget holds, oldest out first; a model may opt out; 0 turns it off."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from openai_compat.cache import EmbeddingCache
 from openai_compat.engine.usage import TokenCountedArray, TokenIds
+from openai_compat.models.cache import EmbeddingCache
 from openai_compat.settings import ModelConfig, Settings
 from tests.utils import app_client
 

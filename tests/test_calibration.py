@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from openai_compat.compact import CALIBRATION_TEXTS
-from openai_compat.loading import calibrate, calibration_file
+from openai_compat.formats.compact import CALIBRATION_TEXTS
+from openai_compat.models.loading import calibrate, calibration_file
 from openai_compat.settings import ModelConfig
 
 

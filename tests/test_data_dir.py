@@ -12,9 +12,7 @@ from openai_compat.batch.store import Store, StoreBusy
 from openai_compat.settings import Settings
 
 
-def test_the_default_data_dir_is_per_port(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_default_data_dir_is_per_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     assert Settings(port=8000).data() == tmp_path / "openai-compat" / "port-8000"
     assert Settings(port=9000).data() != Settings(port=8000).data()

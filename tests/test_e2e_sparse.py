@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from openai_compat.sparse import SparseVector, decode_base64
+from openai_compat.formats.sparse import SparseVector, decode_base64
 from tests.utils import RemoteServer, server_with
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import numpy as np
 import orjson
 import pytest
 
-from openai_compat.encoding import (
+from openai_compat.formats.encoding import (
     decode_base64_embedding,
     embedding_payload,
     truncate_dimensions,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from openai_compat import loading
-from openai_compat.registry import EngineFailure
+from openai_compat.models import loading
+from openai_compat.models.registry import EngineFailure
 from openai_compat.settings import ModelConfig
 
 

@@ -11,14 +11,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from openai_compat import inference, scoring
-from openai_compat.encoding import embedding_payload
 from openai_compat.engine.infinity.hooks import LogitsRunner
 from openai_compat.errors import BadRequest, ModelOutputError, RateLimited
-from openai_compat.registry import ModelEntry
+from openai_compat.formats.encoding import embedding_payload
+from openai_compat.formats.token_ids import Cl100kDecoder
+from openai_compat.formats.tokens import TokenCounter
+from openai_compat.inference import embed as inference
+from openai_compat.inference import scoring
+from openai_compat.models.registry import ModelEntry
 from openai_compat.settings import ModelConfig, Settings
-from openai_compat.token_ids import Cl100kDecoder
-from openai_compat.tokens import TokenCounter
 
 
 class FakeEngine:
@@ -86,7 +87,7 @@ async def test_one_token_id_array_is_one_input_however_long(cl100k: Cl100kDecode
 def test_long_id_arrays_decode_in_pieces_as_one_call_would(cl100k: Cl100kDecoder) -> None:
     """Big inputs are decoded a piece at a time (so no C call holds the GIL for long): a
     character whose bytes span two tokens at a piece's edge still decodes whole."""
-    from openai_compat.token_ids import _PIECE
+    from openai_compat.formats.token_ids import _PIECE
 
     enc = cl100k._enc
     ids = enc.encode("日本語の🙂テキスト, " * 4000)
@@ -176,7 +177,7 @@ async def test_the_job_sees_only_live_engine_work_as_live() -> None:
     from openai_compat.batch.service import BatchService
     from openai_compat.engine.priority import background
     from openai_compat.lifecycle import Lifecycle
-    from openai_compat.registry import Registry
+    from openai_compat.models.registry import Registry
 
     entry = _entry(FakeEngine(gate=asyncio.Event()))
     registry = Registry([entry.config])

@@ -77,3 +77,38 @@ def test_no_module_is_too_long_to_read() -> None:
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+# The floors of ARCHITECTURE.md, lowest first: a module imports only from its own floor or
+# those below. The ground is the frame's leaf modules; tenants/ stands beside every floor.
+FLOORS = [
+    {"settings", "model_config", "errors", "lifecycle", "cpus", "logs"},
+    {"formats"},
+    {"engine"},
+    {"models"},
+    {"inference"},
+    {"api"},
+]
+
+
+def _floor(module: str) -> int | None:
+    part = module.split(".")[1] if "." in module else ""
+    return next((i for i, floor in enumerate(FLOORS) if part in floor), None)
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if (fa := _floor(a)) is not None and (fb := _floor(b)) is not None and fb > fa
+    )
+
+
+def test_each_floor_imports_only_the_floors_below() -> None:
+    assert _upward(_imports()) == []
+
+
+def test_an_upward_import_is_found() -> None:
+    graph = {"openai_compat.engine.text": {"openai_compat.inference.embed"}}
+    assert _upward(graph) == ["openai_compat.engine.text -> openai_compat.inference.embed"]

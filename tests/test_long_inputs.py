@@ -246,7 +246,7 @@ async def test_late_chunks_count_against_the_window_limits_before_any_work(
 ) -> None:
     """200k spans in one body, or chunk_tokens 1 over many inputs, are 400s naming the limit;
     no chunk is pooled (a 1.2 MB body of spans held the loop for 6.9 s)."""
-    from openai_compat import long_inputs
+    from openai_compat.inference import long_inputs
 
     pooled: list[int] = []
     real = long_inputs._late_pool
@@ -287,7 +287,7 @@ async def test_late_chunks_pool_off_the_event_loop(
 ) -> None:
     import threading
 
-    from openai_compat import long_inputs
+    from openai_compat.inference import long_inputs
 
     threads: list[int] = []
     real = long_inputs._late_pool

@@ -6,9 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from openai_compat import media
 from openai_compat.errors import BadRequest
-from openai_compat.media import GuardedResolver, MediaFetcher, RefusedAddress, is_public_address
+from openai_compat.formats import media
+from openai_compat.formats.media import (
+    GuardedResolver,
+    MediaFetcher,
+    RefusedAddress,
+    is_public_address,
+)
 from tests.media_samples import data_uri, png, wav
 
 

@@ -17,7 +17,7 @@ import pytest
 SCRIPT = textwrap.dedent(
     """
     import contextlib, ctypes, sys
-    from openai_compat import memory
+    from openai_compat.models import memory
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
@@ -52,7 +52,7 @@ def test_weights_allocated_while_loading_are_given_back_when_freed() -> None:
 
 
 def test_an_operators_threshold_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    from openai_compat import memory
+    from openai_compat.models import memory
 
     calls: list[tuple[int, int]] = []
 

@@ -1,4 +1,4 @@
-"""Models in bounded memory (pool.py), in process on the model-free debug engine: lazy loads
+"""Models in bounded memory (models/pool.py), in process on the model-free debug engine: lazy loads
 shared by concurrent first requests, idle unloads after keep_alive, least-recently-used
 eviction under --max-loaded-models and --memory-budget, unloads that wait for (or cancel)
 in-flight work, bounded waiters, the admin API and the states /v1/models and /metrics show.
@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from openai_compat import loading
+from openai_compat.models import loading
 from openai_compat.settings import ModelConfig, Settings
 from tests.utils import app_client
 
@@ -446,7 +446,7 @@ async def test_a_request_whose_own_models_leave_no_room_gets_503_at_once() -> No
     served (its own lease keeps "a"): a 503 that says so at once, not after the load
     timeout with every other load waiting behind it."""
     from openai_compat.errors import ServiceUnavailable
-    from openai_compat.slots import request_leases
+    from openai_compat.models.slots import request_leases
 
     settings = _settings(
         _debug("a", load="lazy"),
@@ -501,7 +501,7 @@ async def test_a_model_that_fits_loads_while_another_waits_for_room(
         loading.ModelLoader, "weight_bytes", staticmethod(lambda entry: sizes[entry.name])
     )
     monkeypatch.setattr(
-        "openai_compat.memory.model_file_bytes", lambda config: sizes[config.served_name]
+        "openai_compat.models.memory.model_file_bytes", lambda config: sizes[config.served_name]
     )
     settings = _settings(
         _debug("busy"),

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from openai_compat.errors import BadRequest
-from openai_compat.prompts import Prompts
+from openai_compat.formats.prompts import Prompts
 from openai_compat.settings import ModelConfig
 
 E5 = Prompts({"query": "query: ", "passage": "passage: "})

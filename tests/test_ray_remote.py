@@ -19,8 +19,8 @@ import pytest_asyncio
 
 from openai_compat.engine.usage import TokenCountedArray
 from openai_compat.errors import ServiceUnavailable
+from openai_compat.formats.sparse import SparseVector
 from openai_compat.ray_serve.remote import RemoteEngine, pack, unpack
-from openai_compat.sparse import SparseVector
 from tests.utils import assert_same_answer, strip_volatile
 
 # The deployments' async __del__ is Ray Serve's shutdown hook: the fixtures await it, as Serve

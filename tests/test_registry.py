@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from openai_compat.errors import BadRequest, ModelNotFound
-from openai_compat.registry import ModelEntry, Registry
+from openai_compat.models.registry import ModelEntry, Registry
 from openai_compat.settings import ConfigError, ModelConfig
 
 
@@ -102,7 +102,7 @@ async def test_defaults_are_fixed_at_start_up_real_reranker_first(registry: Regi
 
 
 def test_a_default_model_that_is_not_served_or_cannot_stops_start_up(registry: Registry) -> None:
-    from openai_compat.registry import EngineFailure
+    from openai_compat.models.registry import EngineFailure
 
     with pytest.raises(EngineFailure, match="--default-model rerank=nope: The model 'nope'"):
         registry.choose_defaults({"rerank": "nope"})

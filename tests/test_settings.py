@@ -258,7 +258,7 @@ def test_download_records_the_revision_it_fetched(tmp_path: Path, minilm_path: s
         ('[models]\nname = "m"\nmodel = "debug/m"\n', {}, [], "[models] is one table"),
         ('[[model]]\nname = "m"\n', {}, [], "[[model]] is not a model table"),
         ('[model]\nname = "m"\n', {}, [], "[model] is not a model table"),
-        ('prot = 8000\n', {}, [], "'prot' (did you mean 'port'?)"),
+        ("prot = 8000\n", {}, [], "'prot' (did you mean 'port'?)"),
         ('port = "abc"\n', {}, [], "port (config file CFG): Input should be a valid integer"),
         ("", {"OPENAI_COMPAT_PORT": "abc"}, [], "port (environment variable OPENAI_COMPAT_PORT)"),
         ("", {}, ["--max-loaded-models", "-3"], "max_loaded_models (--max-loaded-models)"),

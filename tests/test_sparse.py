@@ -1,4 +1,4 @@
-"""sparse.py: selection, dot products and the wire format, on hand-made vectors."""
+"""formats/sparse.py: selection, dot products and the wire format, on hand-made vectors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from openai_compat.errors import BadRequest
-from openai_compat.sparse import SparseVector, check_options, decode_base64, embedding_object
+from openai_compat.formats.sparse import (
+    SparseVector,
+    check_options,
+    decode_base64,
+    embedding_object,
+)
 
 
 def _vec(pairs: dict[int, float]) -> SparseVector:

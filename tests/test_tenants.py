@@ -216,7 +216,7 @@ def test_a_changed_limit_keeps_what_was_used() -> None:
 def test_a_key_past_its_share_of_a_models_queue_gets_429_while_others_are_admitted() -> None:
     from contextlib import ExitStack
 
-    from openai_compat.registry import ModelEntry
+    from openai_compat.models.registry import ModelEntry
     from openai_compat.settings import ModelConfig
     from openai_compat.tenants.limits import Caller, current
 

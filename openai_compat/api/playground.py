@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_compat import __version__
-from openai_compat.encoding import orjson_response
+from openai_compat.formats.encoding import orjson_response
 
 router = APIRouter(include_in_schema=False)
 

@@ -16,11 +16,11 @@ from pydantic import BaseModel
 
 from openai_compat.bodies import BodyParser, Chooser
 from openai_compat.errors import ServiceUnavailable
+from openai_compat.formats.media import MediaFetcher
 from openai_compat.lifecycle import Lifecycle
-from openai_compat.media import MediaFetcher
-from openai_compat.registry import Registry
+from openai_compat.models.registry import Registry
+from openai_compat.models.slots import set_keep_alive
 from openai_compat.settings import Settings
-from openai_compat.slots import set_keep_alive
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -20,8 +20,8 @@ from openai_compat.batch.lines import ENDPOINTS
 from openai_compat.batch.service import BatchService, batch_object
 from openai_compat.batch.store import Store
 from openai_compat.batch.upload import receive_upload
-from openai_compat.encoding import orjson_response
 from openai_compat.errors import APIError, BadRequest
+from openai_compat.formats.encoding import orjson_response
 from openai_compat.protocol import ERROR_RESPONSES
 from openai_compat.tenants.limits import current as current_caller
 

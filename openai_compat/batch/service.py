@@ -19,7 +19,7 @@ from openai_compat.batch.store import Store, StoreBusy, new_id
 from openai_compat.engine.priority import background
 from openai_compat.errors import RateLimited, ServiceUnavailable
 from openai_compat.lifecycle import Lifecycle
-from openai_compat.registry import Registry
+from openai_compat.models.registry import Registry
 from openai_compat.settings import Settings
 from openai_compat.tenants import RUN_AS, Tenants, batch_owner
 

@@ -76,7 +76,7 @@ def quantize_openvino_graph(graph: Any, tokenizer: Any, max_length: int | None) 
     its own length; the output projections (feed-forward and attention) stay fp32."""
     import nncf
 
-    from openai_compat.compact import CALIBRATION_TEXTS
+    from openai_compat.formats.compact import CALIBRATION_TEXTS
 
     names = {port.get_any_name() for port in graph.inputs}
     items = []

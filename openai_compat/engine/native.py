@@ -49,7 +49,7 @@ _DTYPES = ("float32", "float16", "bfloat16")
 
 @dataclass
 class RerankScore:
-    """One document's score (the fields scoring.py reads of any engine's rerank)."""
+    """One document's score (the fields inference/scoring.py reads of any engine's rerank)."""
 
     index: int
     relevance_score: float

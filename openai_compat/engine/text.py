@@ -285,7 +285,7 @@ class TextRunner:
         return [TokenCountedArray.of(unit[i], r.used, float(norms[i])) for i, r in enumerate(rows)]
 
     def _sparse(self, out: dict[str, Any], rows: Sequence[Row]) -> list[Any]:
-        from openai_compat.sparse import SparseVector
+        from openai_compat.formats.sparse import SparseVector
 
         matrix = out["sentence_embedding"].float().cpu().numpy()
         return [SparseVector.from_dense(matrix[i], r.used) for i, r in enumerate(rows)]
@@ -300,8 +300,8 @@ class TextRunner:
 
 def _audio(raw: bytes) -> dict[str, Any]:
     """An audio file -> the samples and rate sentence-transformers' preprocess takes: decoded
-    when media.py validated it (DecodedAudio), else here, once."""
-    from openai_compat.media import DecodedAudio
+    when formats/media.py validated it (DecodedAudio), else here, once."""
+    from openai_compat.formats.media import DecodedAudio
 
     audio = raw if isinstance(raw, DecodedAudio) else DecodedAudio.of(bytes(raw))
     return {"array": audio.samples, "sampling_rate": audio.rate}

@@ -10,15 +10,16 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from openai_compat import cpus, memory
+from openai_compat import cpus
 from openai_compat.engine import adapter, late
 from openai_compat.engine.infinity import feeder
-from openai_compat.loading import ModelLoader, stop_engines
 from openai_compat.metrics import Metrics
+from openai_compat.models import memory
+from openai_compat.models.loading import ModelLoader, stop_engines
+from openai_compat.models.registry import ModelEntry, Registry
 from openai_compat.ray_serve.batch import BatchServer, with_batch_api
 from openai_compat.ray_serve.metrics import RayMetricsExport
 from openai_compat.ray_serve.remote import ENTRY_FIELDS, pack, remote_app, worker_start
-from openai_compat.registry import ModelEntry, Registry
 from openai_compat.settings import RayOptions, Settings
 
 logger = logging.getLogger("openai_compat")
@@ -114,7 +115,7 @@ class ModelServer:
 
     async def token_vectors(self, texts: list[str], background: bool = False) -> list[Any]:
         with self._serving("token_vectors", len(texts), background):
-            if self.entry.late is None:  # closed with the entry's engine (loading.py)
+            if self.entry.late is None:  # closed with the entry's engine (models/loading.py)
                 self.entry.late = late.LateRunner(adapter.replica_of(self.entry.engine))
             return await self.entry.late.token_vectors(texts)
 

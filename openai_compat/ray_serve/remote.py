@@ -28,12 +28,12 @@ from openai_compat import logs
 from openai_compat.engine.priority import in_background
 from openai_compat.engine.usage import TokenCountedArray
 from openai_compat.errors import ServiceUnavailable
+from openai_compat.formats.sparse import SparseVector
+from openai_compat.formats.token_ids import Cl100kDecoder, ModelTokenIdDecoder
+from openai_compat.formats.tokens import TokenCounter
+from openai_compat.models.registry import ModelEntry, Registry
 from openai_compat.ray_serve.metrics import RayMetricsExport
-from openai_compat.registry import ModelEntry, Registry
 from openai_compat.settings import ModelConfig, Settings, engine_package
-from openai_compat.sparse import SparseVector
-from openai_compat.token_ids import Cl100kDecoder, ModelTokenIdDecoder
-from openai_compat.tokens import TokenCounter
 
 # Ray's errors that mean "this replica is gone or cannot take the call now": the request is
 # answered 503 with Retry-After (clients and SDKs retry), never a hang or a 500.
@@ -234,7 +234,7 @@ async def _describe(handle: Any, config: ModelConfig, limit: float = 600.0) -> d
 async def remote_registry(settings: Settings, names: list[str], handles: Any) -> Registry:
     """A registry of remote entries, one per model deployment (the ingress's and the batch
     server's), described by replicas that run the current config."""
-    from openai_compat.cache import EmbeddingCache
+    from openai_compat.models.cache import EmbeddingCache
 
     configs = {c.served_name: c for c in settings.served_models()}
     descriptions = await asyncio.gather(

@@ -28,18 +28,18 @@ from openai_compat.api.request import (
     ready_registry,
     settings_of,
 )
-from openai_compat.compact import check_types, encode
-from openai_compat.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.errors import BadRequest
-from openai_compat.inference import (
+from openai_compat.formats.compact import check_types, encode
+from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
+from openai_compat.inference.embed import (
     check_count,
     check_dimensions,
     embed_fitted,
     embed_media,
     embed_texts,
 )
-from openai_compat.long_inputs import embed_by_setting
-from openai_compat.registry import ModelEntry, Registry
+from openai_compat.inference.long_inputs import embed_by_setting
+from openai_compat.models.registry import ModelEntry, Registry
 
 router = APIRouter(tags=["cohere"])
 

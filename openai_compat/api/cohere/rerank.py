@@ -16,8 +16,8 @@ from openai_compat.api.cohere.protocol import (
     RerankResponse,
 )
 from openai_compat.api.request import body_openapi, note, read_body, ready_registry, settings_of
-from openai_compat.encoding import orjson_response
-from openai_compat.scoring import RerankResult, check_top_n, document_texts, rerank_texts
+from openai_compat.formats.encoding import orjson_response
+from openai_compat.inference.scoring import RerankResult, check_top_n, document_texts, rerank_texts
 
 router = APIRouter(tags=["rerank"])
 

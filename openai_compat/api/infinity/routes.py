@@ -29,18 +29,18 @@ from openai_compat.api.request import (
     ready_registry,
     settings_of,
 )
-from openai_compat.encoding import embedding_payload, orjson_response
 from openai_compat.errors import BadRequest
-from openai_compat.inference import embed_media
-from openai_compat.media import Modality
+from openai_compat.formats.encoding import embedding_payload, orjson_response
+from openai_compat.formats.media import Modality
+from openai_compat.inference.embed import embed_media
+from openai_compat.inference.scoring import check_top_n, classify_texts, raw_score, rerank_texts
+from openai_compat.models.registry import Capability, ModelEntry
 from openai_compat.protocol import (
     ERROR_RESPONSES,
     UNNAMED,
     EmbeddingResponse,
     ModelList,
 )
-from openai_compat.registry import Capability, ModelEntry
-from openai_compat.scoring import check_top_n, classify_texts, raw_score, rerank_texts
 
 router = APIRouter(tags=["infinity"])
 

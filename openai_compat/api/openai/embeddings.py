@@ -16,10 +16,12 @@ from openai_compat.api.request import (
     ready_registry,
     settings_of,
 )
-from openai_compat.encoding import embedding_payload, orjson_response
 from openai_compat.engine.usage import TokenIds
 from openai_compat.errors import BadRequest, InputTooLong
-from openai_compat.inference import (
+from openai_compat.formats.encoding import embedding_payload, orjson_response
+from openai_compat.formats.sparse import check_options, embedding_object
+from openai_compat.formats.tokens import input_names
+from openai_compat.inference.embed import (
     EmbedResult,
     check_dimensions,
     embed_media,
@@ -27,12 +29,10 @@ from openai_compat.inference import (
     texts_from_input,
     truncate_for,
 )
-from openai_compat.long_inputs import embed_late, embed_long, long_payload
+from openai_compat.inference.long_inputs import embed_late, embed_long, long_payload
+from openai_compat.models.registry import ModelEntry
 from openai_compat.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingResponse
-from openai_compat.registry import ModelEntry
 from openai_compat.settings import Settings
-from openai_compat.sparse import check_options, embedding_object
-from openai_compat.tokens import input_names
 
 router = APIRouter(tags=["embeddings"])
 
@@ -148,7 +148,7 @@ async def _sparse(
     dimensions: int | None,
     truncate_default: bool,
 ) -> Response:
-    """A sparse (SPLADE) model: per input {"indices", "values"} (see sparse.py)."""
+    """A sparse (SPLADE) model: per input {"indices", "values"} (see formats/sparse.py)."""
     settings = settings_of(request)
     if dimensions is not None:
         raise BadRequest(

@@ -26,10 +26,11 @@ from openai_compat.api.tei.protocol import (
     TeiRerankRequest,
     TeiTokenizeRequest,
 )
-from openai_compat.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.engine import adapter
 from openai_compat.errors import BadRequest, set_family
-from openai_compat.inference import (
+from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
+from openai_compat.formats.tokens import field_names
+from openai_compat.inference.embed import (
     EmbedResult,
     check_count,
     check_dimensions,
@@ -43,10 +44,9 @@ from openai_compat.inference import (
     tokenize_texts,
     truncate_for,
 )
-from openai_compat.long_inputs import embed_by_setting
-from openai_compat.registry import Capability, ModelEntry
-from openai_compat.scoring import classify_pairs, classify_texts, raw_score, rerank_texts
-from openai_compat.tokens import field_names
+from openai_compat.inference.long_inputs import embed_by_setting
+from openai_compat.inference.scoring import classify_pairs, classify_texts, raw_score, rerank_texts
+from openai_compat.models.registry import Capability, ModelEntry
 
 router = APIRouter(tags=["tei"])
 _INPUTS = field_names("inputs")

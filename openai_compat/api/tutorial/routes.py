@@ -1,6 +1,6 @@
 """The original tutorial's routes, unchanged for its users: models picked by `model_index`.
 
-They share the engine paths of the /v1 API (inference.py); only the wire shapes differ.
+They share the engine paths of the /v1 API (inference/embed.py); only the wire shapes differ.
 `/embed`, `/rerank` and `/classify` are shared with other APIs: api/shared.py routes a body
 here when it carries the tutorial's keys (its SHARED_PATHS table).
 """
@@ -25,12 +25,12 @@ from openai_compat.api.tutorial.protocol import (
     TutorialImageEmbedRequest,
     TutorialRerankRequest,
 )
-from openai_compat.encoding import as_matrix, orjson_response
-from openai_compat.inference import EmbedResult, check_count, embed_media, embed_texts
+from openai_compat.formats.encoding import as_matrix, orjson_response
+from openai_compat.formats.tokens import field_names
+from openai_compat.inference.embed import EmbedResult, check_count, embed_media, embed_texts
+from openai_compat.inference.scoring import classify_texts, rerank_texts
+from openai_compat.models.registry import ModelEntry
 from openai_compat.protocol import ERROR_RESPONSES
-from openai_compat.registry import ModelEntry
-from openai_compat.scoring import classify_texts, rerank_texts
-from openai_compat.tokens import field_names
 
 router = APIRouter(tags=["tutorial"])
 

@@ -1,6 +1,6 @@
 """What this server installs into infinity-emb's replicas (the optional engine): token counts
 and pre-normalisation norms carried with each embedding, and raw classification logits beside
-its batcher. loading.py installs them; for a native engine (native.py), which does both
+its batcher. models/loading.py installs them; for a native engine (native.py), which does both
 itself, each answers from it instead.
 """
 

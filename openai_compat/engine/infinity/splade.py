@@ -2,7 +2,7 @@
 
 An embedder replica's forward and post-processing steps are swapped (serve_sparse); it reads
 infinity-emb's internals through engine/adapter.py's helpers and owns nothing else. The
-vectors themselves (SparseVector, top_k, encodings) are openai_compat/sparse.py.
+vectors themselves (SparseVector, top_k, encodings) are openai_compat/formats/sparse.py.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def serve_sparse(replica: Any, source: str, trust_remote_code: bool = False) -> 
     import torch
     from transformers import AutoModelForMaskedLM
 
-    from openai_compat.sparse import SparseVector
+    from openai_compat.formats.sparse import SparseVector
 
     if kind_of(replica) != "embedder" or multivector(replica):
         raise ValueError(f"a {type(replica).__name__} model cannot serve sparse vectors")

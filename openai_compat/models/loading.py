@@ -3,8 +3,8 @@
 Owns engine construction (exported backends, sparse heads, length caps), the probe that tells
 what a started engine can do, int8 calibration and its cache, warm-up, and stopping engines.
 It must not answer requests or look names up: that is registry.py (names -> entries) and
-inference.py (requests -> engine calls). infinity-emb's public API is named here and in
-inference.py; its internals only in engine/adapter.py.
+inference/embed.py (requests -> engine calls). infinity-emb's public API is named here and in
+inference/embed.py; its internals only in engine/adapter.py.
 """
 
 from __future__ import annotations
@@ -19,24 +19,25 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat import cpus, memory
-from openai_compat.compact import CALIBRATION_TEXTS, Quantizer
+from openai_compat import cpus
 from openai_compat.engine import adapter, backends, native, pooling
 from openai_compat.engine.infinity import hooks as infinity_hooks
 from openai_compat.engine.infinity import splade
 from openai_compat.engine.infinity.feeder import Feeder
+from openai_compat.formats.compact import CALIBRATION_TEXTS, Quantizer
+from openai_compat.formats.prompts import Prompts
+from openai_compat.formats.token_ids import Cl100kDecoder, ModelTokenIdDecoder
+from openai_compat.formats.tokens import TokenCounter
 from openai_compat.lifecycle import in_daemon_thread
-from openai_compat.preflight import check_options
-from openai_compat.prompts import Prompts
-from openai_compat.registry import Capability, EngineFailure, ModelEntry, Registry
+from openai_compat.models import memory
+from openai_compat.models.preflight import check_options
+from openai_compat.models.registry import Capability, EngineFailure, ModelEntry, Registry
 from openai_compat.settings import (
     ModelConfig,
     default_export_dir,
     infinity_installed,
     runs_natively,
 )
-from openai_compat.token_ids import Cl100kDecoder, ModelTokenIdDecoder
-from openai_compat.tokens import TokenCounter
 
 logger = logging.getLogger("openai_compat")
 

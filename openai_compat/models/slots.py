@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from openai_compat import memory
 from openai_compat.errors import BadRequest, ServiceUnavailable
+from openai_compat.models import memory
 from openai_compat.settings import ModelConfig
 
 State = Literal["unloaded", "loading", "loaded", "unloading", "failed"]

@@ -11,7 +11,7 @@ import importlib.util
 from pathlib import Path
 
 from openai_compat.engine import adapter
-from openai_compat.registry import EngineFailure
+from openai_compat.models.registry import EngineFailure
 from openai_compat.settings import BUILTIN_PREFIX, ModelConfig, runs_natively
 
 

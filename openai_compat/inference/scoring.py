@@ -2,7 +2,7 @@
 product) and classify (probabilities or raw logits), and a score back on the model's scale.
 
 The Cohere, TEI, infinity and tutorial routes all call these: one implementation each. The
-embedding path they share with /v1/embeddings is inference.py.
+embedding path they share with /v1/embeddings is embed.py.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from typing import Any
 import numpy as np
 
 from openai_compat.errors import BadRequest, InputTooLong, ModelOutputError
-from openai_compat.inference import (
+from openai_compat.formats.tokens import Names, field_names
+from openai_compat.inference.embed import (
     EmbedResult,
     check_count,
     embed_texts,
     engine_errors,
     truncate_for,
 )
-from openai_compat.registry import ModelEntry
+from openai_compat.models.registry import ModelEntry
 from openai_compat.settings import Settings
 from openai_compat.tenants.limits import counts_first, reserve_tokens
-from openai_compat.tokens import Names, field_names
 
 # ---------------------------------------------------------------- rerank
 
@@ -291,9 +291,7 @@ async def classify_texts(
     tokens: int | None = None
     counter = entry.counter
     prepared = texts
-    if counter is not None and (
-        not truncate or counts_first() or counter.needs_cutting(texts)
-    ):
+    if counter is not None and (not truncate or counts_first() or counter.needs_cutting(texts)):
         # Refuse over-long input before spending engine time on it; cut huge texts; take a
         # key's tokens per minute before the model runs.
         names = field_names(param)

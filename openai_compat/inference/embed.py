@@ -14,18 +14,18 @@ from typing import Any, Literal
 
 import numpy as np
 
-from openai_compat.encoding import as_matrix
 from openai_compat.engine import adapter
 from openai_compat.engine.scheduler import EngineStopped
 from openai_compat.engine.usage import TokenIds
 from openai_compat.errors import BadRequest, InputTooLong, ServiceUnavailable
-from openai_compat.media import IMAGE_META, MediaError, MediaFetcher, Modality
-from openai_compat.prompts import mode_of
-from openai_compat.registry import ModelEntry
+from openai_compat.formats.encoding import as_matrix
+from openai_compat.formats.media import IMAGE_META, MediaError, MediaFetcher, Modality
+from openai_compat.formats.prompts import mode_of
+from openai_compat.formats.sparse import check_finite as check_sparse_finite
+from openai_compat.formats.tokens import Names, input_names
+from openai_compat.models.registry import ModelEntry
 from openai_compat.settings import Settings
-from openai_compat.sparse import check_finite as check_sparse_finite
 from openai_compat.tenants.limits import counts_first, reserve_tokens
-from openai_compat.tokens import Names, input_names
 
 # Token ids beyond this many per request are decoded in a worker thread, off the event loop.
 _INLINE_IDS = 8192

@@ -18,13 +18,18 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
-from openai_compat.encoding import EncodingFormat, as_matrix, encode_rows, truncate_dimensions
 from openai_compat.engine.usage import TokenIds
 from openai_compat.errors import BadRequest
-from openai_compat.inference import EmbedResult, embed_texts
-from openai_compat.registry import ModelEntry
+from openai_compat.formats.encoding import (
+    EncodingFormat,
+    as_matrix,
+    encode_rows,
+    truncate_dimensions,
+)
+from openai_compat.formats.tokens import Names, TokenCounter
+from openai_compat.inference.embed import EmbedResult, embed_texts
+from openai_compat.models.registry import ModelEntry
 from openai_compat.settings import Settings
-from openai_compat.tokens import Names, TokenCounter
 
 Mode = Literal["mean", "chunks"]
 

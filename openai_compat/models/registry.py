@@ -8,20 +8,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from openai_compat.cache import EmbeddingCache
-from openai_compat.compact import Quantizer
 from openai_compat.engine import adapter
 from openai_compat.engine.infinity.feeder import Feeder
 from openai_compat.engine.priority import in_background
 from openai_compat.errors import BadRequest, ModelNotFound, RateLimited, ServiceUnavailable
-from openai_compat.prompts import Prompts
+from openai_compat.formats.compact import Quantizer
+from openai_compat.formats.prompts import Prompts
+from openai_compat.formats.tokens import TokenCounter
+from openai_compat.models.cache import EmbeddingCache
 from openai_compat.settings import ModelConfig, check_unique_names
 from openai_compat.tenants.limits import current as current_caller
 from openai_compat.tenants.shares import QueueShares
-from openai_compat.tokens import TokenCounter
 
 if TYPE_CHECKING:
-    from openai_compat.pool import ModelPool
+    from openai_compat.models.pool import ModelPool
 
 Capability = Literal["embed", "sparse", "rerank", "classify", "image", "audio"]
 
@@ -60,7 +60,7 @@ class ModelEntry:
     sampling_rate: int | None = None  # what audio inputs must be sampled at
     cosine_rerank: bool = False  # reranks by embedding similarity (no cross-encoder)
     prompts: Prompts = field(default_factory=Prompts)
-    quantizer: Quantizer | None = None  # int8/uint8 ranges (see compact.py)
+    quantizer: Quantizer | None = None  # int8/uint8 ranges (see formats/compact.py)
     feeder: Feeder | None = None  # embed calls in length-sorted waves (engine/infinity/feeder.py)
     cache: EmbeddingCache | None = None  # exact vectors of texts seen before (cache.py)
     queued: int = 0  # live inputs admitted and not yet answered

@@ -24,10 +24,9 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from openai_compat import memory
 from openai_compat.errors import APIError, ServiceUnavailable
-from openai_compat.settings import ModelConfig
-from openai_compat.slots import (
+from openai_compat.models import memory
+from openai_compat.models.slots import (
     FORCED_UNLOAD,
     REQUEST_LEASES,
     RETRY_FAILED_AFTER,
@@ -37,6 +36,7 @@ from openai_compat.slots import (
     load_failed,
     refuse_if_own_leases_block,
 )
+from openai_compat.settings import ModelConfig
 
 logger = logging.getLogger("openai_compat")
 
