@@ -112,3 +112,29 @@ def test_each_floor_imports_only_the_floors_below() -> None:
 def test_an_upward_import_is_found() -> None:
     graph = {"openai_compat.engine.text": {"openai_compat.inference.embed"}}
     assert _upward(graph) == ["openai_compat.engine.text -> openai_compat.inference.embed"]
+
+
+# The embedding steps a route must reach through inference.plan.run, never by itself.
+PLAN_STEPS = {"embed_texts", "embed_fitted", "embed_media", "embed_long", "embed_late"}
+
+
+def _steps_called(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} & PLAN_STEPS | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names
+    } & PLAN_STEPS
+
+
+def test_every_route_embeds_through_the_plan() -> None:
+    found = {
+        name: steps
+        for name, path in _modules().items()
+        if name.startswith("openai_compat.api.") and (steps := _steps_called(path))
+    }
+    assert found == {}
+
+
+def test_a_route_calling_a_step_is_found(tmp_path: Path) -> None:
+    route = tmp_path / "route.py"
+    route.write_text("from x import embed_texts\nasync def f():\n    await embed_texts()\n")
+    assert _steps_called(route) == {"embed_texts"}

@@ -143,9 +143,12 @@ async def test_limits_and_the_other_modes(client: httpx.AsyncClient) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "long_input"
 
 
-async def test_the_models_setting_reaches_tei_and_cohere(client: httpx.AsyncClient) -> None:
-    """TEI's /embed and Cohere's embed have no per-request choice: the model's `long_input =
-    "mean"` applies where they leave truncation to the model; their own truncate still wins."""
+async def test_the_models_setting_reaches_tei_cohere_and_the_tutorial(
+    client: httpx.AsyncClient,
+) -> None:
+    """TEI's /embed, Cohere's embed and the tutorial's /embed have no per-request choice: the
+    model's `long_input = "mean"` applies where they leave truncation to the model (one
+    plan, inference/plan.py, for every dialect); their own truncate still wins."""
     mean = np.asarray((await _embed(client, input=DOC))["data"][0]["embedding"])  # the default
     cut = np.asarray(
         (await _embed(client, input=DOC, long_input="truncate"))["data"][0]["embedding"]
@@ -167,6 +170,11 @@ async def test_the_models_setting_reaches_tei_and_cohere(client: httpx.AsyncClie
     np.testing.assert_allclose(cohere_cut["embeddings"]["float"][0], cut, atol=1e-5)
     r = await client.post("/v2/embed", json={**body, "truncate": "NONE"})
     assert r.status_code == 400 and "message" in r.json()  # Cohere's NONE stays an error
+    tutorial = await client.post("/embed", json={"sentences": [DOC, "x"], "model_index": 0})
+    tutorial = tutorial.json()
+    assert tutorial["model"] == "m"
+    np.testing.assert_allclose(tutorial["embeddings"][0], mean, atol=1e-5)
+    assert tutorial["usage"] > 256  # every window counted
 
 
 async def test_late_chunking_means_the_documents_own_token_vectors(

@@ -27,7 +27,7 @@ from openai_compat.formats.encoding import (
     truncate_dimensions,
 )
 from openai_compat.formats.tokens import Names, TokenCounter
-from openai_compat.inference.embed import EmbedResult, embed_texts
+from openai_compat.inference.embed import embed_texts
 from openai_compat.models.registry import ModelEntry
 from openai_compat.settings import Settings
 
@@ -97,18 +97,6 @@ def _too_many_windows(
         param=param,
         code="too_many_windows",
     )
-
-
-async def embed_by_setting(
-    entry: ModelEntry, texts: list[str], settings: Settings, names: Names, *, prompt: str
-) -> EmbedResult | None:
-    """On routes whose contract has no per-request choice (TEI's /embed, Cohere's embed): the
-    model's `long_input = "mean"` as an EmbedResult, or None where the setting does not apply
-    (the route embeds as usual)."""
-    if not mean_by_setting(entry, texts):
-        return None
-    result = await embed_long(entry, texts, settings, names, prompt=prompt)
-    return EmbedResult(list(result.vectors), result.tokens)
 
 
 def _check_model(entry: ModelEntry) -> int:

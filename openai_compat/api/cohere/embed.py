@@ -33,12 +33,8 @@ from openai_compat.formats.compact import check_types, encode
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.inference.embed import (
     check_count,
-    check_dimensions,
-    embed_fitted,
-    embed_media,
-    embed_texts,
 )
-from openai_compat.inference.long_inputs import embed_by_setting
+from openai_compat.inference.plan import EmbedPlan, check, run
 from openai_compat.models.registry import ModelEntry, Registry
 
 router = APIRouter(tags=["cohere"])
@@ -146,7 +142,25 @@ async def _embed(request: Request, model: type[EmbedRequestV1], version: str) ->
     if inputs.images:
         check_count(len(inputs.images), settings.max_media_items, inputs.param, "images")
     entry = await _entry(registry, body, inputs)
-    dimensions = _output_dimension(body, entry) if v2 else None
+    dimensions = body.output_dimension if isinstance(body, EmbedRequestV2) else None
+    max_tokens = body.max_tokens if isinstance(body, EmbedRequestV2) else None
+    plan = EmbedPlan(
+        texts=inputs.texts or None,
+        text_at=inputs.text_at,
+        names=inputs.text_names,
+        media=inputs.images or None,
+        media_at=inputs.image_at,
+        media_names=inputs.image_names,
+        param=inputs.param,
+        input_type=body.input_type,
+        own_truncation=body.truncate is not None or max_tokens is not None,
+        fit=body.truncate is not None or max_tokens is not None,
+        keep=_KEEP[body.truncate or "END"],
+        max_tokens=max_tokens,
+        dimensions=dimensions,
+        dimensions_param="output_dimension",
+    )
+    check(entry, plan)  # output_dimension before the types that depend on it
     types: Sequence[str] | None = body.embedding_types or None
     if types is None and v2:
         types = ["float"]
@@ -163,50 +177,11 @@ async def _embed(request: Request, model: type[EmbedRequestV1], version: str) ->
             param="input_type",
             code="invalid_input_type",
         )
-    prompt = entry.prompts.choose(entry.name, input_type=body.input_type)
+    done = await run(entry, plan, settings, media_of(request))
+    matrix = truncate_dimensions(as_matrix(done.vectors), dimensions)
+    note(request, entry.name, inputs.count, done.tokens)
 
-    parts: list[tuple[list[int], list[Any]]] = []
-    tokens = 0
-    if inputs.texts:
-        max_tokens = body.max_tokens if isinstance(body, EmbedRequestV2) else None
-        by_setting = None
-        if body.truncate is None and max_tokens is None:  # the model's own setting
-            by_setting = await embed_by_setting(
-                entry, inputs.texts, settings, inputs.text_names, prompt=prompt
-            )
-        if by_setting is not None:
-            result = by_setting
-        elif body.truncate is None and max_tokens is None:
-            result = await embed_texts(
-                entry, inputs.texts, settings, inputs.text_names, prompt=prompt
-            )
-        else:
-            result = await embed_fitted(
-                entry,
-                inputs.texts,
-                settings,
-                inputs.text_names,
-                prompt=prompt,
-                keep=_KEEP[body.truncate or "END"],
-                max_tokens=max_tokens,
-            )
-        parts.append((inputs.text_at, result.vectors))
-        tokens += result.tokens
-    images_meta = None
-    if inputs.images:
-        media = await embed_media(
-            entry, inputs.images, "image", settings, media_of(request), inputs.image_names
-        )
-        parts.append((inputs.image_at, media.vectors))
-        images_meta = media.media
-    ordered: list[Any] = [None] * inputs.count
-    for at, vectors in parts:
-        for i, v in zip(at, vectors, strict=True):
-            ordered[i] = v
-    matrix = truncate_dimensions(as_matrix(ordered), dimensions)
-    note(request, entry.name, inputs.count, tokens)
-
-    billed: dict[str, int] = {"input_tokens": tokens}
+    billed: dict[str, int] = {"input_tokens": done.tokens}
     if inputs.images:
         billed["images"] = len(inputs.images)
     out: dict[str, Any] = {"id": str(uuid.uuid4())}
@@ -216,18 +191,10 @@ async def _embed(request: Request, model: type[EmbedRequestV1], version: str) ->
         by_type = {t: encode(matrix, t, entry.quantizer) for t in dict.fromkeys(types)}  # type: ignore[arg-type]
         out |= {"response_type": "embeddings_by_type", "embeddings": by_type}
     out["texts"] = inputs.texts
-    if images_meta is not None:
-        out["images"] = images_meta
+    if done.media is not None:
+        out["images"] = done.media
     out["meta"] = {"api_version": {"version": version}, "billed_units": billed}
     return orjson_response(out)
-
-
-def _output_dimension(body: EmbedRequestV1, entry: ModelEntry) -> int | None:
-    wanted = body.output_dimension if isinstance(body, EmbedRequestV2) else None
-    if wanted is None:
-        return None
-    check_dimensions(wanted, entry, "output_dimension")
-    return wanted
 
 
 @router.post(

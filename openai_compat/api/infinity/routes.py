@@ -32,7 +32,7 @@ from openai_compat.api.request import (
 from openai_compat.errors import BadRequest
 from openai_compat.formats.encoding import embedding_payload, orjson_response
 from openai_compat.formats.media import Modality
-from openai_compat.inference.embed import embed_media
+from openai_compat.inference.plan import EmbedPlan, run
 from openai_compat.inference.scoring import check_top_n, classify_texts, raw_score, rerank_texts
 from openai_compat.models.registry import Capability, ModelEntry
 from openai_compat.protocol import (
@@ -94,13 +94,8 @@ async def _media(request: Request, modality: Modality) -> Response:
     if body.encoding_format not in ("float", "base64"):
         raise BadRequest("'encoding_format' must be 'float' or 'base64'.", param="encoding_format")
     items = [body.input] if isinstance(body.input, str) else body.input
-    result = await embed_media(
-        entry,
-        items,
-        modality,
-        settings_of(request),
-        media_of(request),
-    )
+    plan = EmbedPlan(media=items, modality=modality)
+    result = await run(entry, plan, settings_of(request), media_of(request))
     note(request, entry.name, len(items), result.tokens)
     payload = embedding_payload(
         result.vectors,

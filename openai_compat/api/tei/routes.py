@@ -31,20 +31,15 @@ from openai_compat.errors import BadRequest, set_family
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.formats.tokens import field_names
 from openai_compat.inference.embed import (
-    EmbedResult,
     check_count,
-    check_dimensions,
     check_raw_output,
     detokenize_ids,
-    embed_fitted,
-    embed_texts,
     fit_texts,
     raw_matrix,
-    texts_from_input,
     tokenize_texts,
     truncate_for,
 )
-from openai_compat.inference.long_inputs import embed_by_setting
+from openai_compat.inference.plan import Embedded, EmbedPlan, run
 from openai_compat.inference.scoring import classify_pairs, classify_texts, raw_score, rerank_texts
 from openai_compat.models.registry import Capability, ModelEntry
 
@@ -59,33 +54,33 @@ async def _model(request: Request, capability: Capability, *, or_first: bool = F
 
 
 async def _embed(
-    request: Request, entry: ModelEntry, body: TeiEmbedRequest | TeiEmbedSparseRequest
-) -> EmbedResult:
+    request: Request,
+    entry: ModelEntry,
+    body: TeiEmbedRequest | TeiEmbedSparseRequest,
+    dimensions: int | None = None,
+) -> Embedded:
     """TEI's inputs, prompt and truncation (Left keeps the end) through the engine, noted."""
-    settings = settings_of(request)
-    texts = await texts_from_input(body.inputs, entry, settings, "inputs")
-    prompt = entry.prompts.choose(entry.name, prompt_name=body.prompt_name)
-    by_setting = None
-    if body.truncate is None:  # the model's long_input setting, where it has one
-        by_setting = await embed_by_setting(entry, texts, settings, _INPUTS, prompt=prompt)
-    if by_setting is not None:
-        result = by_setting
-    elif body.truncation_direction.lower() == "left" and body.truncate is not False:
-        result = await embed_fitted(entry, texts, settings, _INPUTS, prompt=prompt, keep="end")
-    else:
-        result = await embed_texts(
-            entry, texts, settings, _INPUTS, prompt=prompt, truncate=body.truncate
-        )
-    note(request, entry.name, len(texts), result.tokens)
-    return result
+    plan = EmbedPlan(
+        texts=body.inputs,
+        param="inputs",
+        names=_INPUTS,
+        prompt_name=body.prompt_name,
+        own_truncation=body.truncate is not None,
+        truncate=body.truncate,
+        fit=body.truncation_direction.lower() == "left" and body.truncate is not False,
+        keep="end",
+        dimensions=dimensions,
+    )
+    done = await run(entry, plan, settings_of(request))
+    note(request, entry.name, done.count, done.tokens)
+    return done
 
 
 async def tei_embed(request: Request, body: TeiEmbedRequest) -> Response:
     entry = await _model(request, "embed")
     if not body.normalize:
         check_raw_output(entry)
-    check_dimensions(body.dimensions, entry)
-    result = await _embed(request, entry, body)
+    result = await _embed(request, entry, body, body.dimensions)
     if not body.normalize:  # the model's own output, cut to `dimensions` and left as it is
         return orjson_response(list(raw_matrix(result.vectors)[:, : body.dimensions]))
     return orjson_response(list(truncate_dimensions(as_matrix(result.vectors), body.dimensions)))

@@ -27,7 +27,8 @@ from openai_compat.api.tutorial.protocol import (
 )
 from openai_compat.formats.encoding import as_matrix, orjson_response
 from openai_compat.formats.tokens import field_names
-from openai_compat.inference.embed import EmbedResult, check_count, embed_media, embed_texts
+from openai_compat.inference.embed import check_count
+from openai_compat.inference.plan import Embedded, EmbedPlan, run
 from openai_compat.inference.scoring import classify_texts, rerank_texts
 from openai_compat.models.registry import ModelEntry
 from openai_compat.protocol import ERROR_RESPONSES
@@ -35,23 +36,25 @@ from openai_compat.protocol import ERROR_RESPONSES
 router = APIRouter(tags=["tutorial"])
 
 
-def _embeddings(entry: ModelEntry, result: EmbedResult) -> Response:
-    embeddings = list(as_matrix(result.vectors))
-    return orjson_response({"embeddings": embeddings, "usage": result.tokens, "model": entry.name})
+def _embeddings(entry: ModelEntry, done: Embedded) -> Response:
+    embeddings = list(as_matrix(done.vectors))
+    return orjson_response({"embeddings": embeddings, "usage": done.tokens, "model": entry.name})
 
 
 async def embed(request: Request, body: TutorialEmbedRequest) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
     entry = await registry.by_index(body.model_index, "embed", 1)
     check_count(len(body.sentences), settings.max_inputs_per_request, "sentences", "sentences")
-    prompt = entry.prompts.choose(
-        entry.name, input_type=body.input_type, prompt_name=body.prompt_name
+    plan = EmbedPlan(
+        texts=body.sentences,
+        param="sentences",
+        names=field_names("sentences"),
+        input_type=body.input_type,
+        prompt_name=body.prompt_name,
     )
-    result = await embed_texts(
-        entry, body.sentences, settings, field_names("sentences"), prompt=prompt
-    )
-    note(request, entry.name, len(body.sentences), result.tokens)
-    return _embeddings(entry, result)
+    done = await run(entry, plan, settings)
+    note(request, entry.name, done.count, done.tokens)
+    return _embeddings(entry, done)
 
 
 @router.post(
@@ -65,11 +68,10 @@ async def image_embed(request: Request) -> Response:
     body = await read_body(request, TutorialImageEmbedRequest)
     entry = await registry.by_index(body.model_index, "image", 0)
     check_count(len(body.image_urls), settings.max_media_items, "image_urls", "media items")
-    result = await embed_media(
-        entry, body.image_urls, "image", settings, media_of(request), field_names("image_urls")
-    )
-    note(request, entry.name, len(body.image_urls), result.tokens)
-    return _embeddings(entry, result)
+    plan = EmbedPlan(media=body.image_urls, media_names=field_names("image_urls"))
+    done = await run(entry, plan, settings, media_of(request))
+    note(request, entry.name, done.count, done.tokens)
+    return _embeddings(entry, done)
 
 
 async def rerank(request: Request, body: TutorialRerankRequest) -> Response:
