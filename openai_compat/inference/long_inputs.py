@@ -78,7 +78,7 @@ def windows(counter: TokenCounter, text: str, size: int, overlap: int) -> list[t
 
 def mean_by_setting(entry: ModelEntry, texts: list[str]) -> bool:
     """Whether a model's `long_input = "mean"` setting applies to these texts on routes whose
-    contract has no per-request choice (TEI's /embed, Cohere's embed)."""
+    contract has no per-request choice (TEI's /embed, Cohere's embed, the tutorial's /embed)."""
     return (
         entry.config.long_input == "mean"
         and not (entry.sparse or entry.multivector)
