@@ -9,19 +9,19 @@ PACKAGE = Path(__file__).resolve().parent.parent / "openai_compat"
 MAX_LINES = 400
 
 
-def _modules() -> dict[str, Path]:
+def _modules(package: Path = PACKAGE) -> dict[str, Path]:
     found = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         found[".".join(parts)] = path
     return found
 
 
-def _imports() -> dict[str, set[str]]:
+def _imports(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
     """Module -> the package modules it imports (anywhere in the file, lazy imports too)."""
-    modules = _modules()
+    modules = _modules() if modules is None else modules
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -58,6 +58,16 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_circle() -> None:
     assert _cycle(_imports()) is None
+
+
+def test_no_import_circle_in_the_benchmarks() -> None:
+    """scripts/ imports its kit as `benchkit` (scripts/ on sys.path)."""
+    scripts = PACKAGE.parent / "scripts"
+    modules = _modules(scripts / "benchkit")
+    modules |= {p.stem: p for p in scripts.glob("*.py")}
+    graph = _imports(modules)
+    assert graph["benchkit.repeats"]  # the graph is read (it imports the kit)
+    assert _cycle(graph) is None
 
 
 def test_the_cycle_finder_finds_one() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchkit.load import Scenario, drive_inprocess, sentences
+from benchkit.stream import drive_stream, stream
 from benchkit.systems import INPROCESS, MODEL_SETTINGS, pin_to_server_cpus, rss_kib, server_env
 
 # The worker is the command itself (`bench.py --inprocess-worker`), not this module.
@@ -41,8 +42,6 @@ async def inprocess_worker(setting: str) -> None:
     for line in sys.stdin:
         job = json.loads(line)
         if "stream" in job:  # --repeats: a stream of distinct requests (benchkit/repeats.py)
-            from benchkit.repeats import drive_stream, stream
-
             requests = stream(*job["stream"])
             answer = await drive_stream(
                 None, engine, requests, job["served"], job["concurrency"], job["duration"]
