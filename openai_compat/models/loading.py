@@ -270,8 +270,8 @@ def _sparse_size(replica: Any) -> int | None:
 
 class ModelLoader:
     """`await loader(config) -> ModelEntry`: creates, starts, describes and warms one model
-    (pool.py calls it, one load at a time). `prepare()` first loads what all models share
-    (the cl100k_base decoder), so no model's measured size includes it."""
+    (pool.py calls it, one load at a time). `prepare()` makes what all models share: the
+    cl100k_base decoder, which builds its encoding on first use (formats/token_ids.py)."""
 
     def __init__(self, registry: Registry, export_dir: Path | None = None) -> None:
         self.registry, self.export_dir = registry, export_dir
@@ -279,7 +279,7 @@ class ModelLoader:
 
     async def prepare(self) -> Cl100kDecoder:
         if self._cl100k is None:
-            self._cl100k = await in_daemon_thread(Cl100kDecoder, name="cl100k")
+            self._cl100k = Cl100kDecoder()
         return self._cl100k
 
     @staticmethod
