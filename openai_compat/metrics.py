@@ -19,11 +19,35 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.routing import compile_path
 
+from openai_compat.engine import adapter
+
 if TYPE_CHECKING:
     from openai_compat.models.registry import Registry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+# (BatchStats key, metric name, help) of the native engine's forward thread.
+_FORWARD = (
+    (
+        "forward_seconds",
+        "forward_seconds",
+        "Seconds the model's forward passes ran (native engine): its rate is the share of "
+        "time the model is busy.",
+    ),
+    ("batches", "batches", "Forward passes run."),
+    ("inputs", "batch_inputs", "Inputs the forward passes ran."),
+    ("tokens", "batch_tokens", "Real tokens the forward passes ran."),
+    (
+        "padded_tokens",
+        "batch_padded_tokens",
+        "Tokens the forward passes ran, padding included (longest x inputs per batch).",
+    ),
+    (
+        "dropped_inputs",
+        "dropped_inputs",
+        "Queued inputs dropped before their batch because their caller had gone.",
+    ),
+)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -66,9 +90,18 @@ class _ModelState(Collector):
         held = GaugeMetricFamily(
             "openai_compat_cache_bytes", "Bytes the cache holds for a model.", labels=["model"]
         )
+        # the native engine's forward thread: its busy time, batches, inputs, padding
+        forward = {
+            key: CounterMetricFamily(f"openai_compat_{name}", help_, labels=["model"])
+            for key, name, help_ in _FORWARD
+        }
         cache = self.registry.cache
         sizes = cache.per_model_bytes() if cache is not None else {}
         for entry in self.registry.entries():
+            done = adapter.batch_stats(entry.engine)
+            for key, family in forward.items():
+                if done is not None:
+                    family.add_metric([entry.name], done[key])
             if cache is not None and entry.cache is not None:
                 stats = cache.stats.get(entry.name)
                 hits.add_metric([entry.name], stats.hits if stats else 0)
@@ -88,6 +121,7 @@ class _ModelState(Collector):
             misses,
             evictions,
             held,
+            *forward.values(),
             *self._residency(),
         ]
 

@@ -254,7 +254,7 @@ def library_run(neighbour: bool, seed: int, variant: str = "library") -> float:
         args.append("1" if variant == "library1" else "0")
     busy = None
     if neighbour:
-        busy = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
+        busy = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", SPINNER])
     try:
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         out = subprocess.run(
@@ -269,6 +269,18 @@ def library_run(neighbour: bool, seed: int, variant: str = "library") -> float:
             busy.wait()
 
 
+# The busy neighbour: a loop that ends once its parent (this script) has gone, however this
+# script ends (a killed benchmark once left its neighbour spinning, and the next hour's
+# measurements ran beside it).
+SPINNER = """
+import os
+parent = os.getppid()
+while os.getppid() == parent:
+    for _ in range(1_000_000):
+        pass
+"""
+
+
 def one_run(variant: str, neighbour: bool, seed: int) -> float:
     if variant in ("library", "library1", *ENGINES):
         return library_run(neighbour, seed, variant)
@@ -277,8 +289,7 @@ def one_run(variant: str, neighbour: bool, seed: int) -> float:
     try:
         asyncio.run(ready(url))
         if neighbour:
-            spinner = [sys.executable, "-c", "while True: pass"]
-            busy = subprocess.Popen(["taskset", "-c", "1", *spinner])
+            busy = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", SPINNER])
         return asyncio.run(drive(url, seed))
     finally:
         if busy is not None:
@@ -289,6 +300,8 @@ def one_run(variant: str, neighbour: bool, seed: int) -> float:
 
 
 def main() -> None:
+    # SIGTERM (a killed run) unwinds like an error: every finally stops its server and neighbour
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     conditions = sys.argv[2].split(",") if len(sys.argv) > 2 else ["quiet", "neighbour"]
     variants = sys.argv[3].split(",") if len(sys.argv) > 3 else list(VARIANTS)

@@ -204,6 +204,13 @@ def test_metrics_count_requests_inputs_tokens_and_models(secured: RemoteServer) 
     assert delta("openai_compat_request_duration_seconds_count", route=route) == 4
     assert _metric(after, "openai_compat_queued_inputs", model=MODEL) == 0
     assert _metric(after, "openai_compat_model_load_seconds", model=MODEL) > 0
+    # the forward thread: the same text three times is one input of 4 tokens for the model
+    # (the exact cache answers the others), in one batch
+    assert delta("openai_compat_batch_inputs_total", model=MODEL) == 1
+    assert delta("openai_compat_batch_tokens_total", model=MODEL) == 4
+    assert delta("openai_compat_batch_padded_tokens_total", model=MODEL) == 4
+    assert delta("openai_compat_batches_total", model=MODEL) == 1
+    assert delta("openai_compat_forward_seconds_total", model=MODEL) > 0
 
 
 @pytest.fixture(scope="module")

@@ -58,6 +58,12 @@ def replica_of(engine: Any) -> Any:
     return engine if is_native(engine) else internals.replica_of(engine)
 
 
+def batch_stats(engine: Any) -> dict[str, Any] | None:
+    """What the native engine's forward thread has done (scheduler.BatchStats.as_dict);
+    None for engines that do not say (infinity-emb's, a Ray Serve deployment's handle)."""
+    return engine.scheduler.stats.as_dict() if is_native(engine) else None
+
+
 def queue_length(engine: Any) -> int:
     """Items waiting in the engine's batching queue (0 before the batcher exists)."""
     if is_native(engine):

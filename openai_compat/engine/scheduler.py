@@ -101,7 +101,7 @@ def _tag(slot: Slot) -> float:
 
 @dataclass
 class BatchStats:
-    """What the forward thread has done (GET /admin/models, /metrics, the bench report)."""
+    """What the forward thread has done (/metrics: openai_compat_forward_seconds_total ...)."""
 
     batches: int = 0
     inputs: int = 0
