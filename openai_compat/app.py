@@ -58,7 +58,6 @@ async def _load(registry: Registry, lifecycle: Lifecycle, settings: Settings) ->
         lifecycle.cpus = cpus.report(count, source)
         logger.info("CPUs: %s", lifecycle.cpus)
         memory.freeze_imports()  # before any model: unloads collect only what came after
-        await registry.pool.loader.prepare()  # shared by all models, measured with none
         for config in registry.configs:
             if config.load == "eager":
                 await registry.pool.load(config.served_name)

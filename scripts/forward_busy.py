@@ -22,9 +22,8 @@ import sys
 import time
 
 import aiohttp
-import httpx
-from benchkit.load import _WORDS as WORDS
-from shared_cpu import free_port
+from families_bench import texts
+from shared_cpu import free_port, ready
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -40,12 +39,7 @@ async def drive(url: str, flight: int, seconds: float) -> str:
     rng, serial = random.Random(flight), [0]
 
     def body() -> dict[str, object]:
-        serial[0] += 1
-        texts = [
-            f"{serial[0]} {j} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14)))
-            for j in range(16)
-        ]
-        return {"model": MODEL, "input": texts}
+        return {"model": MODEL, "input": texts(rng, 16, serial)}  # never a repeat
 
     async with aiohttp.ClientSession() as session:
 
@@ -90,16 +84,7 @@ def main() -> None:
         server = subprocess.Popen(command, env=env)
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if httpx.get(url + "/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the server did not become ready")
-                time.sleep(0.05)
+            asyncio.run(ready(url))
             print(asyncio.run(drive(url, flight, seconds)), flush=True)
         finally:
             server.terminate()

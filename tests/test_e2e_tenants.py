@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from tests.utils import RemoteServer
+from tests.utils import RemoteServer, run_batch
 
 pytestmark = pytest.mark.slow
 
@@ -302,16 +302,7 @@ def test_a_batch_line_larger_than_the_whole_tpm_fails_instead_of_waiting(
          "body": {"model": "minilm", "input": "word " * 40}},
     ]  # fmt: skip
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="batchtpm-key")
-    upload = client.files.create(
-        file=("in.jsonl", "\n".join(json.dumps(x) for x in lines).encode()), purpose="batch"
-    )
-    batch = client.batches.create(
-        input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h"
-    )
-    deadline = time.monotonic() + 60
-    while (job := client.batches.retrieve(batch.id)).status not in ("completed", "failed"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.3)
+    job = run_batch(client, lines)
     assert job.request_counts is not None
     assert (job.request_counts.completed, job.request_counts.failed) == (1, 1)
     assert job.error_file_id is not None

@@ -11,7 +11,6 @@ import asyncio
 import base64
 import functools
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from openai_compat.engine import native  # noqa: E402
 from openai_compat.engine.usage import TokenIds  # noqa: E402
 from openai_compat.model_config import ModelConfig  # noqa: E402
 from tests import families  # noqa: E402
-from tests.utils import RemoteServer  # noqa: E402
+from tests.utils import RemoteServer, run_batch  # noqa: E402
 
 TEXTS = [
     "a man is eating food",
@@ -333,15 +332,9 @@ def test_every_family_answers_its_routes_from_its_folder_alone(
             assert np.abs(_floats(item) - vectors).max() < 1e-5, asked
     # ... and through the Batch API: a line's side is its input_type, as on the live route
     line = {"model": "colbert", "input": short, "input_type": "query", "encoding_format": "base64"}
-    jsonl = json.dumps({"custom_id": "q", "method": "POST", "url": "/v1/embeddings", "body": line})
-    upload = client.files.create(file=("in.jsonl", jsonl.encode()), purpose="batch")
-    job = client.batches.create(
-        input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h"
+    job = run_batch(
+        client, [{"custom_id": "q", "method": "POST", "url": "/v1/embeddings", "body": line}]
     )
-    deadline = time.monotonic() + 60
-    while (job := client.batches.retrieve(job.id)).status not in ("completed", "failed"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.2)
     assert job.output_file_id is not None
     row = json.loads(client.files.content(job.output_file_id).text.splitlines()[0])
     want = colbert.encode_query(short, convert_to_numpy=True)

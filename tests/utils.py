@@ -317,3 +317,18 @@ def projected(features: Any) -> Any:
     """What transformers' get_text/image/audio_features gives: a tensor up to 4.x, a model
     output whose pooler_output is that tensor from 5.0 on."""
     return getattr(features, "pooler_output", features)
+
+
+def run_batch(client: Any, lines: Sequence[dict[str, Any]], timeout: float = 60.0) -> Any:
+    """Upload `lines` as a JSONL file with the openai SDK `client`, start a batch on
+    /v1/embeddings and wait until it is completed or failed; the Batch object."""
+    jsonl = "\n".join(json.dumps(line) for line in lines).encode()
+    upload = client.files.create(file=("in.jsonl", jsonl), purpose="batch")
+    job = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    deadline = time.monotonic() + timeout
+    while (job := client.batches.retrieve(job.id)).status not in ("completed", "failed"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+    return job

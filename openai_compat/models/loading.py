@@ -270,17 +270,12 @@ def _sparse_size(replica: Any) -> int | None:
 
 class ModelLoader:
     """`await loader(config) -> ModelEntry`: creates, starts, describes and warms one model
-    (pool.py calls it, one load at a time). `prepare()` makes what all models share: the
-    cl100k_base decoder, which builds its encoding on first use (formats/token_ids.py)."""
+    (pool.py calls it, one load at a time). Every model shares its one cl100k_base decoder,
+    which builds its encoding on first use (formats/token_ids.py)."""
 
     def __init__(self, registry: Registry, export_dir: Path | None = None) -> None:
         self.registry, self.export_dir = registry, export_dir
-        self._cl100k: Cl100kDecoder | None = None
-
-    async def prepare(self) -> Cl100kDecoder:
-        if self._cl100k is None:
-            self._cl100k = Cl100kDecoder()
-        return self._cl100k
+        self.cl100k = Cl100kDecoder()
 
     @staticmethod
     def weight_bytes(entry: ModelEntry) -> int | None:
@@ -293,7 +288,6 @@ class ModelLoader:
 
     async def __call__(self, config: ModelConfig) -> ModelEntry:
         registry, export_dir = self.registry, self.export_dir
-        cl100k = await self.prepare()
         started = time.perf_counter()
         logger.info("loading model %r from %s", config.served_name, config.model)
         engine = None
@@ -303,7 +297,7 @@ class ModelLoader:
             )
             registry.engines.append(engine)
             await engine.astart()
-            entry = await describe(config, engine, cl100k, export_dir or default_export_dir())
+            entry = await describe(config, engine, self.cl100k, export_dir or default_export_dir())
             if config.model_warmup:
                 await warm_up(entry)
         except BaseException as exc:
@@ -335,15 +329,18 @@ async def _stop_quietly(registry: Registry, engine: Any) -> None:
         logger.debug("stopping a failed engine raised", exc_info=True)
 
 
+def _close_helpers(entry: ModelEntry) -> None:
+    """Close what an entry runs beside its engine: the logits and late-chunking runners and
+    infinity-emb's wave feeder."""
+    for helper in (entry.logits, entry.late, entry.feeder):
+        if helper is not None:
+            helper.close()
+
+
 async def unload_entry(registry: Registry, entry: ModelEntry) -> None:
     """Stop one model's engine and drop what holds its memory (pool.py then trims)."""
     registry.remove(entry)
-    if entry.logits is not None:
-        entry.logits.close()
-    if entry.late is not None:
-        entry.late.close()
-    if entry.feeder is not None:
-        entry.feeder.close()
+    _close_helpers(entry)
     await entry.engine.astop()
     entry.engine = entry.counter = entry.logits = entry.feeder = entry.token_decoder = None
     entry.late = None
@@ -376,12 +373,7 @@ async def stop_engines(registry: Registry) -> None:
     if not registry.engines:
         return
     for entry in registry.entries():
-        if entry.logits is not None:
-            entry.logits.close()
-        if entry.late is not None:
-            entry.late.close()
-        if entry.feeder is not None:
-            entry.feeder.close()
+        _close_helpers(entry)
     engines, registry.engines = registry.engines, []
     for engine in engines:
         if adapter.is_native(engine):

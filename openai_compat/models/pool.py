@@ -43,7 +43,7 @@ logger = logging.getLogger("openai_compat")
 ModelEntry = Any  # registry.ModelEntry (registry imports this module)
 
 
-Loader = Any  # loading.ModelLoader: await loader(config) -> ModelEntry; loader.prepare()
+Loader = Any  # loading.ModelLoader: await loader(config) -> ModelEntry
 Unloader = Callable[[ModelEntry], Awaitable[None]]
 
 

@@ -144,6 +144,7 @@ async def _embed(request: Request, model: type[EmbedRequestV1], version: str) ->
     entry = await _entry(registry, body, inputs)
     dimensions = body.output_dimension if isinstance(body, EmbedRequestV2) else None
     max_tokens = body.max_tokens if isinstance(body, EmbedRequestV2) else None
+    fit = body.truncate is not None or max_tokens is not None  # the client chose the cut
     plan = EmbedPlan(
         texts=inputs.texts or None,
         text_at=inputs.text_at,
@@ -153,8 +154,8 @@ async def _embed(request: Request, model: type[EmbedRequestV1], version: str) ->
         media_names=inputs.image_names,
         param=inputs.param,
         input_type=body.input_type,
-        own_truncation=body.truncate is not None or max_tokens is not None,
-        fit=body.truncate is not None or max_tokens is not None,
+        own_truncation=fit,
+        fit=fit,
         keep=_KEEP[body.truncate or "END"],
         max_tokens=max_tokens,
         dimensions=dimensions,

@@ -77,7 +77,6 @@ async def serve_embeddings(
         task=body.task,
         choose_long=True,
         long_input=body.long_input,
-        own_truncation=body.long_input is not None,
         truncate_default=truncate_default,
         chunk_spans=body.chunk_spans,
         chunk_tokens=body.chunk_tokens,
