@@ -155,7 +155,81 @@ def test_the_forward_thread_uses_the_threads_it_is_given(models: dict[str, Path]
 
     engine.runner.run = spy  # type: ignore[method-assign]
     run(engine, lambda: engine.embed(TEXTS[:3]))
-    assert seen == [("forward-m", 1)]
+    assert seen == [("forward-m-0", 1)]
+
+
+def test_torchs_thread_count_is_per_thread_once_the_thread_has_read_it() -> None:
+    """What the lanes rely on (text.TextRunner.on_thread), pinned on the installed torch: two
+    threads set 1 and 2 and each keeps its own; a thread that set its count before ever
+    reading it is reset to the other's on its first read."""
+    import torch
+
+    def counts(read_first: bool) -> dict[int, int]:
+        barrier, out = threading.Barrier(2, timeout=10), {}
+        ready = threading.Event()
+
+        def lane(n: int) -> None:
+            if read_first:
+                torch.get_num_threads()
+            if n == 2:
+                ready.wait(10)  # set after the other: the global count ends at 2
+            torch.set_num_threads(n)
+            if n == 1:
+                ready.set()
+            barrier.wait()
+            out[n] = torch.get_num_threads()
+
+        threads = [threading.Thread(target=lane, args=(n,)) for n in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    before = torch.get_num_threads()
+    try:
+        assert counts(read_first=True) == {1: 1, 2: 2}
+        assert counts(read_first=False) == {1: 2, 2: 2}
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_two_lanes_run_on_their_own_thread_counts_and_equal_the_library(
+    models: dict[str, Path],
+) -> None:
+    """Two CPUs: two forward lanes share the model. Each batch runs on the count its own lane
+    gave torch (the count is per thread: without reading it first on each lane, the other
+    lane's last choice would win), and the vectors equal the library's encode."""
+    import torch
+
+    engine = native.load(config(models["minilm"], batch_size=4), threads=2)
+    assert engine.scheduler.lanes == 2
+    given: dict[str, int] = {}
+    seen: list[tuple[str, int, int]] = []
+    inner_run, inner_set = engine.runner.run, engine.runner.set_threads
+
+    def set_threads(count: int) -> None:
+        given[threading.current_thread().name] = count
+        inner_set(count)
+
+    def spy(rows: Any) -> Any:
+        name = threading.current_thread().name
+        seen.append((name, given.get(name, 2), torch.get_num_threads()))
+        return inner_run(rows)
+
+    engine.runner.set_threads = set_threads  # type: ignore[method-assign]
+    engine.runner.run = spy  # type: ignore[method-assign]
+
+    async def work() -> list[Any]:
+        calls = [engine.embed(TEXTS[i : i + 6]) for i in range(0, len(TEXTS), 6)]
+        return [v for vectors, _ in await asyncio.gather(*calls) for v in vectors]
+
+    vectors = run(engine, work)
+    reference = engine.model.encode(TEXTS, normalize_embeddings=True)
+    assert np.max(np.abs(np.stack(vectors) - reference)) < 1e-5
+    assert [(lane, count) for lane, count, _ in seen] == [(lane, n) for lane, _, n in seen]
+    assert {lane for lane, _, _ in seen} <= {"forward-m-0", "forward-m-1"}
+    assert 1 in {n for _, _, n in seen}  # work was left: batches ran narrow, one thread each
 
 
 def test_max_batch_tokens_bounds_every_batch(models: dict[str, Path]) -> None:

@@ -13,13 +13,8 @@ from typing import Any
 
 import pytest
 
-from openai_compat.engine.scheduler import (
-    MAX_PASSES,
-    EngineStopped,
-    Scheduler,
-    Slot,
-    form_batch,
-)
+from openai_compat.engine.batching import Slot, form_batch
+from openai_compat.engine.scheduler import MAX_PASSES, EngineStopped, Scheduler
 from openai_compat.engine.threads import ThreadTuner, candidates
 
 
@@ -201,7 +196,7 @@ async def test_a_departed_callers_inputs_never_reach_the_model() -> None:
             await gone
         assert runner.batches == [["a"], ["b"]]
         assert s.stats.dropped_inputs == 3
-        assert runner.thread_name == "forward-t"
+        assert runner.thread_name == "forward-t-0"  # one lane: the runner has no thread choice
 
 
 async def test_live_inputs_go_before_background_ones_which_trickle_beside_them() -> None:
@@ -341,7 +336,7 @@ async def test_the_scheduler_runs_each_batch_on_the_tuners_count() -> None:
     cpu = CpuModel({2: 300.0, 1: 900.0})  # a busy neighbour: one thread is faster
     runner = TunableRecorder(cpu)
     tuner = ThreadTuner(2, explore_every=10, trial=2, clock=cpu.clock)
-    s = Scheduler(runner, name="t", batch_size=1, max_batch_tokens=10_000, tuner=tuner)
+    s = Scheduler(runner, name="t", batch_size=1, max_batch_tokens=10_000, tuner=tuner, lanes=1)
     s.start()
     try:
         for i in range(8):
@@ -352,6 +347,77 @@ async def test_the_scheduler_runs_each_batch_on_the_tuners_count() -> None:
     assert runner.given == [2, 1] and tuner.chosen == 1
     # a runner without a choice (tunable_threads absent or 1) is never told a count
     assert Scheduler(Recorder(), name="u", batch_size=1, max_batch_tokens=1).tuner is None
+
+
+class LaneRecorder(Recorder):
+    """A runner on two tunable threads whose count is per thread, as torch's is: records, for
+    each batch, the count its lane gave and the items running beside it when it started.
+    Items in `together` wait at a barrier until both are in the runner at once."""
+
+    def __init__(self, together: set[str]) -> None:
+        super().__init__(hold_first=True)
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.running: list[Any] = []
+        self.seen: dict[Any, tuple[int, list[Any]]] = {}
+        self.together, self.barrier = together, threading.Barrier(2, timeout=5)
+
+    def tunable_threads(self) -> int:
+        return 2
+
+    def set_threads(self, count: int) -> None:
+        self.local.threads = count
+
+    def run(self, items: Sequence[Any]) -> list[Any]:
+        with self.lock:
+            for item in items:
+                self.seen[item] = (getattr(self.local, "threads", 0), list(self.running))
+            self.running += list(items)
+        try:
+            if self.together & set(items):
+                self.barrier.wait()  # BrokenBarrierError unless the other lane runs too
+                return [f"done:{item}" for item in items]
+            return super().run(items)
+        finally:
+            with self.lock:
+                for item in items:
+                    self.running.remove(item)
+
+
+async def test_two_lanes_share_the_cpu_under_load_and_a_lone_batch_takes_it_all() -> None:
+    """Two CPUs: a batch formed with nothing else to do runs alone on both threads (the
+    tuner's count) and holds the other lane; batches formed with work left run side by
+    side, one thread each; a call split over both lanes gets every result in its order."""
+    runner = LaneRecorder(together={"b0", "c0", "s0", "s2"})
+    tuner = ThreadTuner(2, explore_every=10**9)
+    tuner.explorations = 1  # measured already: two threads
+    s = Scheduler(runner, name="t", batch_size=2, max_batch_tokens=10_000, tuner=tuner)
+    assert (s.lanes, s.narrow) == (2, 1)
+    s.start()
+    try:
+        lone = asyncio.create_task(s.submit(["a"], [1]))
+        await asyncio.to_thread(runner.started.wait, 5)  # "a" is held in the runner
+        b = asyncio.create_task(s.submit(["b0", "b1"], [1, 1]))
+        c = asyncio.create_task(s.submit(["c0", "c1"], [5, 5]))  # a batch of their own
+        await until(lambda: s.waiting() == 4)
+        runner.release.set()
+        assert await asyncio.gather(lone, b, c) == [
+            ["done:a"],
+            ["done:b0", "done:b1"],
+            ["done:c0", "done:c1"],
+        ]
+        # a lone batch on the tuner's two threads, and nothing beside it while it ran
+        assert runner.seen["a"] == (2, [])
+        # then both lanes at once (the barrier passed) on one thread each
+        assert runner.seen["b0"][0] == runner.seen["c0"][0] == 1
+        assert "a" not in runner.seen["b0"][1] + runner.seen["c0"][1]
+        split = await s.submit(["s0", "s1", "s2", "s3"], [1, 1, 9, 9])
+        assert split == ["done:s0", "done:s1", "done:s2", "done:s3"]
+        assert s.stats.batches == 5 and s.stats.inputs == 9
+    finally:
+        await asyncio.to_thread(s.stop)
+    one_cpu = Scheduler(Recorder(), name="u", batch_size=1, max_batch_tokens=1)
+    assert one_cpu.lanes == 1  # no thread choice: one lane, as before
 
 
 def test_the_preparation_queue_takes_keys_in_fair_order() -> None:

@@ -1,10 +1,10 @@
-"""The native engine's scheduling: one queue per model, batches formed by a token budget, one
-forward pass at a time on the model's own thread.
+"""The native engine's scheduling: one queue per model, batches formed by a token budget, run
+by the model's forward lanes.
 
 A caller's inputs arrive prepared (tokenized off the event loop, each with its cost in tokens)
 and wait as slots in the model's queue: live calls in one, Batch API lines (feeder.background)
-in another that is served only while no live input waits. When the forward thread is free it
-forms the next batch from the oldest `window` live slots: sorted by cost, the run of
+in another that is served only while no live input waits. When a lane is free it forms the
+next batch from the oldest `window` live slots (batching.form_batch): sorted by cost, the run of
 `batch_size` neighbouring lengths that pads least, within `max_len x n <= max_batch_tokens`
 (what a padded batch costs, TEI's rule); once the oldest slot has been passed over
 MAX_PASSES times, the run around it instead (so nothing waits behind newer work for long),
@@ -23,10 +23,20 @@ calls keep coming, background batches are an eighth of batch_size, so a live req
 waits behind a full one. Results go back with one event-loop callback per batch; a failing
 batch fails only its own callers.
 
-There are no pollers: the forward thread sleeps on a condition until work arrives, callers
-await a future. Whatever the runner is (text.py, debug.py), it is only ever called on this
-thread. Its thread count, where it has a choice, follows what each count measures on the
-CPU the process really gets (threads.py).
+Lanes: where the runner's threads are tunable over two CPUs or more, two forward threads
+share the model (its weights are read-only in inference). A batch formed while no other
+runs and nothing else waits runs alone on every thread (the lowest latency for one client;
+the thread count the tuner measures best on the CPU the process really gets, threads.py),
+and while it runs the other lane waits. A batch formed while work is left, or beside a
+running one, runs on its share of the threads (`narrow`: one each on two CPUs) while the
+other lane takes the next: small GEMMs on one thread each waste no time at OpenMP's
+barriers, so under load the pair does 1.13-1.16x one batch on two threads (MiniLM, 2 vCPUs,
+sentence-transformers' own encode), and a neighbour busy on one core slows one lane only
+instead of stalling a team at every barrier. Each lane sets its own count (torch's is per
+thread).
+
+There are no pollers: a lane sleeps on a condition until work arrives, callers await a
+future. Whatever the runner is (text.py, debug.py), it is only ever called on its lanes.
 """
 
 from __future__ import annotations
@@ -37,9 +47,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from openai_compat.engine.batching import BatchStats, Call, Slot, form_batch, tag_of
 from openai_compat.engine.threads import ThreadTuner
 
 logger = logging.getLogger("openai_compat.engine")
@@ -72,89 +82,6 @@ class EngineStopped(RuntimeError):
     """The model was unloaded or the server is stopping while work was queued."""
 
 
-@dataclass(eq=False)
-class Call:
-    """One caller's inputs and the future its results go to."""
-
-    items: Sequence[Any]
-    future: asyncio.Future[list[Any]]
-    loop: asyncio.AbstractEventLoop
-    results: list[Any] = field(default_factory=list)
-    remaining: int = 0
-
-    def wanted(self) -> bool:
-        return not self.future.done()
-
-
-@dataclass(eq=False)
-class Slot:
-    call: Call
-    index: int
-    cost: int
-    order: float  # fair-queuing start tag: the queue's order ("oldest" is the smallest)
-    tenant: str = ""
-
-
-def _tag(slot: Slot) -> float:
-    return slot.order
-
-
-@dataclass
-class BatchStats:
-    """What the forward thread has done (/metrics: openai_compat_forward_seconds_total ...)."""
-
-    batches: int = 0
-    inputs: int = 0
-    tokens: int = 0  # real tokens
-    padded_tokens: int = 0  # max_len x n, summed
-    dropped_inputs: int = 0  # of callers gone before their batch
-    forward_seconds: float = 0.0
-    busy_since: float = field(default_factory=time.monotonic)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "batches": self.batches,
-            "inputs": self.inputs,
-            "tokens": self.tokens,
-            "padded_tokens": self.padded_tokens,
-            "dropped_inputs": self.dropped_inputs,
-            "forward_seconds": round(self.forward_seconds, 3),
-        }
-
-
-def form_batch(
-    window: Sequence[Slot], batch_size: int, max_batch_tokens: int, *, oldest: bool = True
-) -> list[Slot]:
-    """The next batch from `window` (oldest first, all wanted). Never empty; length-sorted.
-
-    `oldest`: the oldest slot and its neighbours in length order, shorter ones first, while
-    the padded cost stays within the budget and the count within batch_size. Otherwise the
-    tightest batch: of the runs of min(batch_size, len(window)) neighbours in length that
-    fit the budget, the one that pads least (the oldest's run where none fits)."""
-    order = sorted(window, key=lambda s: (s.cost, s.order))
-    if not oldest:
-        n = min(batch_size, len(order))
-        best, start, total = -1, 0, sum(s.cost for s in order[:n])
-        for i in range(len(order) - n + 1):
-            if i:
-                total += order[i + n - 1].cost - order[i - 1].cost
-            padded = order[i + n - 1].cost * n
-            if padded <= max_batch_tokens and (best < 0 or padded - total < best):
-                best, start = padded - total, i
-        if best >= 0:
-            return order[start : start + n]
-    lo = hi = order.index(window[0])
-    while hi - lo + 1 < batch_size:
-        n = hi - lo + 2
-        if lo > 0 and order[hi].cost * n <= max_batch_tokens:
-            lo -= 1
-        elif hi + 1 < len(order) and order[hi + 1].cost * n <= max_batch_tokens:
-            hi += 1
-        else:
-            break
-    return order[lo : hi + 1]
-
-
 class Scheduler:
     """The queue and forward thread of one model replica."""
 
@@ -167,15 +94,20 @@ class Scheduler:
         max_batch_tokens: int,
         on_batch: Callable[[list[Slot]], None] | None = None,
         tuner: ThreadTuner | None = None,
+        lanes: int | None = None,
     ) -> None:
-        """`tuner`: how the forward pass's thread count is chosen (threads.py); by default
-        one over the runner's tunable_threads() when it has more than one."""
+        """`tuner`: how a lone batch's thread count is chosen (threads.py); by default one
+        over the runner's tunable_threads() when it has more than one. `lanes`: forward
+        threads (above); by default 2 where the runner's threads are tunable over 2 or more
+        CPUs, else 1."""
         self.runner, self.name = runner, name
-        if tuner is None and hasattr(runner, "tunable_threads"):
-            most = int(runner.tunable_threads())
-            tuner = ThreadTuner(most) if most > 1 else None
+        most = int(runner.tunable_threads()) if hasattr(runner, "tunable_threads") else 1
+        if tuner is None and most > 1:
+            tuner = ThreadTuner(most)
         self.tuner = tuner
-        self._threads = 0  # the count the runner was last given
+        self.lanes = max(1, lanes if lanes is not None else (2 if most > 1 else 1))
+        # threads per batch while lanes run side by side: the CPUs shared out among them
+        self.narrow = max(1, most // self.lanes)
         self.batch_size, self.max_batch_tokens = max(1, batch_size), max(1, max_batch_tokens)
         self.stats = BatchStats()
         self._on_batch = on_batch  # tests observe formation here
@@ -188,16 +120,22 @@ class Scheduler:
         self._last_live = -QUIET_S  # time.monotonic() of the last live call
         self._stopping = False
         self._passes = 0  # formations the oldest waiting input has been passed over
-        self._thread = threading.Thread(target=self._serve, name=f"forward-{name}", daemon=True)
+        self._running = 0  # batches in a forward pass now
+        self._wide = False  # one of them is a lone batch on every thread: the others wait
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"forward-{name}-{i}", daemon=True)
+            for i in range(self.lanes)
+        ]
 
     # ------------------------------------------------------------ the caller's side
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive() and not self._stopping
+        return any(t.is_alive() for t in self._threads) and not self._stopping
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def waiting(self) -> int:
         """Inputs queued and not yet in a batch."""
@@ -234,7 +172,7 @@ class Scheduler:
                 if not queue or tag >= queue[-1].order:
                     queue.append(slot)
                 else:
-                    bisect.insort_right(queue, slot, key=_tag)
+                    bisect.insort_right(queue, slot, key=tag_of)
                 tag += slot.cost / share
             finish[tenant] = tag
             self._cond.notify()
@@ -243,8 +181,9 @@ class Scheduler:
     def stop(self, timeout: float = 10.0) -> None:
         """Fail what is queued, let the running batch finish, end the thread."""
         self._close(EngineStopped(f"model {self.name!r} was stopped"))
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+        for thread in self._threads:
+            if thread.is_alive() and threading.current_thread() is not thread:
+                thread.join(timeout)
 
     def _close(self, exc: BaseException) -> None:
         """Stop taking work; every caller still queued fails with `exc`."""
@@ -259,9 +198,10 @@ class Scheduler:
     # ------------------------------------------------------------ the forward thread
 
     def _next_batch(self) -> list[Slot] | None:
-        """Under the lock: wait for work, then form a batch (None once stopping)."""
+        """Under the lock: wait for work and a free CPU (no lone batch running on all the
+        threads), then form a batch (None once stopping)."""
         while True:
-            while not self._stopping and not self._live and not self._background:
+            while not self._stopping and (self._wide or not (self._live or self._background)):
                 self._cond.wait()
             if self._stopping:
                 return None
@@ -308,24 +248,41 @@ class Scheduler:
             logger.exception("model %r: the forward thread could not start", self.name)
             self._close(exc)
             return
+        given = 0  # the thread count this lane last gave the runner (per thread: torch's is)
         while True:
             with self._cond:
                 batch = self._next_batch()
-            if batch is None:
-                return
-            batch = [s for s in batch if s.call.wanted()]  # gone while the lock was let go
-            if batch:
-                self._run(batch)
+                if batch is None:
+                    return
+                # alone: no other batch runs and none waits, so this one takes every thread
+                wide = self.lanes == 1 or (
+                    self._running == 0 and not self._live and not self._background
+                )
+                self._running += 1
+                self._wide = wide
+                if not wide:
+                    self._cond.notify()  # work is left: another lane may take it
+            try:
+                batch = [s for s in batch if s.call.wanted()]  # gone while the lock was let go
+                if batch:
+                    given = self._run(batch, wide, given)
+            finally:
+                with self._cond:
+                    self._running -= 1
+                    if wide:
+                        self._wide = False
+                    self._cond.notify_all()
 
-    def _run(self, batch: list[Slot]) -> None:
+    def _run(self, batch: list[Slot], wide: bool, given: int) -> int:
+        """One batch through the runner on this lane; the thread count it ran on."""
         if self._on_batch is not None:
             self._on_batch(batch)
-        tuner = self.tuner
-        if tuner is not None:
-            threads = tuner.start()
-            if threads != self._threads:
+        tuner = self.tuner if wide else None
+        threads = given
+        if self.tuner is not None:
+            threads = tuner.start() if tuner is not None else self.narrow
+            if threads != given:
                 self.runner.set_threads(threads)  # type: ignore[attr-defined]
-                self._threads = threads
         started = time.perf_counter()
         padded = max(s.cost for s in batch) * len(batch)
         try:
@@ -335,32 +292,40 @@ class Scheduler:
         except BaseException as exc:  # a batch's error fails its callers only
             logger.debug("model %r: batch failed", self.name, exc_info=True)
             _fail({s.call for s in batch}, exc)
-            return
+            return threads
         finally:
+            self._count(batch, padded, time.perf_counter() - started, tuner)
+        done: list[Call] = []
+        with self._cond:  # a call's inputs may finish on two lanes at once
+            for slot, result in zip(batch, results, strict=True):
+                call = slot.call
+                call.results[slot.index] = result
+                call.remaining -= 1
+                if call.remaining == 0:
+                    done.append(call)
+        for loop, calls in _by_loop(done).items():
+            loop.call_soon_threadsafe(_resolve, calls)
+        return threads
+
+    def _count(
+        self, batch: list[Slot], padded: int, seconds: float, tuner: ThreadTuner | None
+    ) -> None:
+        with self._cond:  # lanes count side by side
             stats = self.stats
-            stats.forward_seconds += time.perf_counter() - started
+            stats.forward_seconds += seconds
             stats.batches += 1
             stats.inputs += len(batch)
             stats.tokens += sum(s.cost for s in batch)
             stats.padded_tokens += padded
-            if tuner is not None:
-                before = tuner.chosen
-                tuner.done(padded)
-                if tuner.chosen != before:
-                    logger.info(
-                        "model %r: forward pass now on %d thread(s) (measured faster here)",
-                        self.name,
-                        tuner.chosen,
-                    )
-        done: list[Call] = []
-        for slot, result in zip(batch, results, strict=True):
-            call = slot.call
-            call.results[slot.index] = result
-            call.remaining -= 1
-            if call.remaining == 0:
-                done.append(call)
-        for loop, calls in _by_loop(done).items():
-            loop.call_soon_threadsafe(_resolve, calls)
+        if tuner is not None:  # a wide batch: no other runs, so only one lane is here
+            before = tuner.chosen
+            tuner.done(padded)
+            if tuner.chosen != before:
+                logger.info(
+                    "model %r: a lone batch now runs on %d thread(s) (measured faster here)",
+                    self.name,
+                    tuner.chosen,
+                )
 
 
 def _by_loop(calls: Sequence[Call]) -> dict[asyncio.AbstractEventLoop, list[Call]]:

@@ -228,6 +228,10 @@ class TextRunner:
     def on_thread(self) -> None:
         import torch
 
+        # torch's count is per thread once the thread has read it: its first read sets the
+        # thread to the count last set anywhere, which would undo this lane's own choice if
+        # it came after (two lanes, scheduler.py).
+        torch.get_num_threads()
         torch.set_num_threads(self.threads)
         self.model.eval()
 
