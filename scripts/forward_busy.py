@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Where a server's time goes under load: the forward thread's busy share, the batch size it
-reaches and its padding, read from the server's own metrics (openai_compat_forward_seconds_total
+"""Where a server's time goes under load: the forward lanes' busy share, the batch size they
+reach and its padding, read from the server's own metrics (openai_compat_forward_seconds_total
 and the batch counters) over a bounded run. MiniLM, 16 never-repeating texts per request (the
 exact cache off), IN_FLIGHT requests in flight, the server unpinned; loopback only.
 
     python scripts/forward_busy.py [IN_FLIGHT,...] [SECONDS]
 
-Each line: requests/s, the forward thread's busy share (1.0: it never waited for work),
-inputs per batch, padded / real tokens, milliseconds per batch. $OURS_PYTHON runs the server
+Each line: requests/s, the forward lanes busy on average (the rate of forward seconds summed
+over the model's lanes: 2.0 on two CPUs is both lanes always running; 1.0 with one lane is
+never waiting for work), inputs per batch, padded / real tokens, milliseconds per batch (on
+whatever share of the threads each batch ran). $OURS_PYTHON runs the server
 (default: this interpreter).
 """
 
@@ -65,7 +67,7 @@ async def drive(url: str, flight: int, seconds: float) -> str:
     batches = delta("openai_compat_batches_total")
     busy = delta("openai_compat_forward_seconds_total")
     return (
-        f"{flight:3d} in flight: {count[0] / wall:6.1f} req/s  forward busy {busy / wall:.2f}  "
+        f"{flight:3d} in flight: {count[0] / wall:6.1f} req/s  lanes busy {busy / wall:.2f}  "
         f"inputs/batch {delta('openai_compat_batch_inputs_total') / batches:5.1f}  "
         f"padded/real {delta('openai_compat_batch_padded_tokens_total') / delta('openai_compat_batch_tokens_total'):.2f}  "  # noqa: E501
         f"ms/batch {1000 * busy / batches:4.0f}"
