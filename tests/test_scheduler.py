@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from openai_compat.engine.batching import Slot, form_batch
-from openai_compat.engine.scheduler import MAX_PASSES, EngineStopped, Scheduler
+from openai_compat.engine.scheduler import LOADED_S, MAX_PASSES, EngineStopped, Scheduler
 from openai_compat.engine.threads import ThreadTuner, candidates
 
 
@@ -387,11 +387,16 @@ class LaneRecorder(Recorder):
 async def test_two_lanes_share_the_cpu_under_load_and_a_lone_batch_takes_it_all() -> None:
     """Two CPUs: a batch formed with nothing else to do runs alone on both threads (the
     tuner's count) and holds the other lane; batches formed with work left run side by
-    side, one thread each; a call split over both lanes gets every result in its order."""
+    side, one thread each; a call split over both lanes gets every result in its order; a
+    lone batch soon after the lanes ran side by side stays narrow (under load the queue
+    empties between a response and the next request), and goes wide once LOADED_S passed."""
     runner = LaneRecorder(together={"b0", "c0", "s0", "s2"})
     tuner = ThreadTuner(2, explore_every=10**9)
     tuner.explorations = 1  # measured already: two threads
-    s = Scheduler(runner, name="t", batch_size=2, max_batch_tokens=10_000, tuner=tuner)
+    now = [10.0]
+    s = Scheduler(
+        runner, name="t", batch_size=2, max_batch_tokens=10_000, tuner=tuner, clock=lambda: now[0]
+    )
     assert (s.lanes, s.narrow) == (2, 1)
     s.start()
     try:
@@ -413,7 +418,12 @@ async def test_two_lanes_share_the_cpu_under_load_and_a_lone_batch_takes_it_all(
         assert "a" not in runner.seen["b0"][1] + runner.seen["c0"][1]
         split = await s.submit(["s0", "s1", "s2", "s3"], [1, 1, 9, 9])
         assert split == ["done:s0", "done:s1", "done:s2", "done:s3"]
-        assert s.stats.batches == 5 and s.stats.inputs == 9
+        now[0] += LOADED_S / 2
+        assert await s.submit(["n"], [1]) == ["done:n"]
+        now[0] += LOADED_S
+        assert await s.submit(["w"], [1]) == ["done:w"]
+        assert (runner.seen["n"][0], runner.seen["w"][0]) == (1, 2)
+        assert s.stats.batches == 7 and s.stats.inputs == 11
     finally:
         await asyncio.to_thread(s.stop)
     one_cpu = Scheduler(Recorder(), name="u", batch_size=1, max_batch_tokens=1)

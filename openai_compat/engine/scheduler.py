@@ -25,14 +25,16 @@ batch fails only its own callers.
 
 Lanes: where the runner's threads are tunable over two CPUs or more, two forward threads
 share the model (its weights are read-only in inference). A batch formed while no other
-runs and nothing else waits runs alone on every thread (the lowest latency for one client;
-the thread count the tuner measures best on the CPU the process really gets, threads.py),
-and while it runs the other lane waits. A batch formed while work is left, or beside a
-running one, runs on its share of the threads (`narrow`: one each on two CPUs) while the
-other lane takes the next: small GEMMs on one thread each waste no time at OpenMP's
-barriers, so under load the pair does 1.13-1.16x one batch on two threads (MiniLM, 2 vCPUs,
-sentence-transformers' own encode), and a neighbour busy on one core slows one lane only
-instead of stalling a team at every barrier. Each lane sets its own count (torch's is per
+runs, nothing else waits and the lanes have not run side by side for LOADED_S runs alone on
+every thread (the lowest latency for one client; the thread count the tuner measures best on
+the CPU the process really gets, threads.py), and while it runs the other lane waits; under
+load the queue empties for a moment between a response and its client's next request, and a
+lone batch then would hold the other lane when that request came. A batch formed while work
+is left, or beside a running one, runs on its share of the threads (`narrow`: one each on two
+CPUs) while the other lane takes the next: small GEMMs on one thread each waste no time at
+OpenMP's barriers, so under load the pair does 1.13-1.16x one batch on two threads (MiniLM,
+2 vCPUs, sentence-transformers' own encode), and a neighbour busy on one core slows one lane
+only instead of stalling a team at every barrier. Each lane sets its own count (torch's is per
 thread).
 
 There are no pollers: a lane sleeps on a condition until work arrives, callers await a
@@ -65,6 +67,10 @@ QUIET_S = 0.5
 # oldest waiting input goes once it has been passed over this many times: no input waits
 # more than MAX_PASSES batches beyond those ahead of it.
 MAX_PASSES = 4
+# Lanes: a batch runs alone on every thread only if the lanes have not run side by side for
+# this long (under load the queue empties between a response and the client's next request:
+# a wide batch then would hold the other lane when that request comes).
+LOADED_S = 0.5
 
 
 class Runner(Protocol):
@@ -95,11 +101,12 @@ class Scheduler:
         on_batch: Callable[[list[Slot]], None] | None = None,
         tuner: ThreadTuner | None = None,
         lanes: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`tuner`: how a lone batch's thread count is chosen (threads.py); by default one
         over the runner's tunable_threads() when it has more than one. `lanes`: forward
         threads (above); by default 2 where the runner's threads are tunable over 2 or more
-        CPUs, else 1."""
+        CPUs, else 1. `clock`: when the lanes last ran side by side (tests inject one)."""
         self.runner, self.name = runner, name
         most = int(runner.tunable_threads()) if hasattr(runner, "tunable_threads") else 1
         if tuner is None and most > 1:
@@ -122,6 +129,8 @@ class Scheduler:
         self._passes = 0  # formations the oldest waiting input has been passed over
         self._running = 0  # batches in a forward pass now
         self._wide = False  # one of them is a lone batch on every thread: the others wait
+        self._clock = clock
+        self._side_by_side = -LOADED_S  # when a batch last started beside another
         self._threads = [
             threading.Thread(target=self._serve, name=f"forward-{name}-{i}", daemon=True)
             for i in range(self.lanes)
@@ -254,9 +263,16 @@ class Scheduler:
                 batch = self._next_batch()
                 if batch is None:
                     return
-                # alone: no other batch runs and none waits, so this one takes every thread
+                # alone (no other batch runs, none waits, and none ran beside another
+                # lately): this one takes every thread
+                now = self._clock()
+                if self._running:
+                    self._side_by_side = now
                 wide = self.lanes == 1 or (
-                    self._running == 0 and not self._live and not self._background
+                    self._running == 0
+                    and not self._live
+                    and not self._background
+                    and now - self._side_by_side >= LOADED_S
                 )
                 self._running += 1
                 self._wide = wide
