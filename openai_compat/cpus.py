@@ -104,23 +104,29 @@ def available(
 
 
 # GNU OpenMP (torch's CPU wheel ships libgomp) lets idle threads spin 300,000 times before
-# sleeping: beside another busy process, a forward's threads spin at every barrier for a core
-# someone else holds. PASSIVE makes them sleep at once. Measured (scripts/shared_cpu.py,
-# docs/benchmarks.md): MiniLM 16 texts x 32 in flight beside a busy process on CPU 1, 3.4-5.9x
-# (34-51 -> 172-202 sentences/s); quiet 0.76-0.95x (median 0.91). An operator's
-# OMP_WAIT_POLICY (ACTIVE on a dedicated machine) or GOMP_SPINCOUNT wins.
-WAIT_POLICY = "PASSIVE"
+# sleeping: beside another busy process, a forward's threads spun at every barrier for a core
+# someone else held (one lane of two threads: 3.4-5.9x slower beside a busy process than with
+# OMP_WAIT_POLICY=PASSIVE, which sleeps at once). Under load the native engine's lanes now run
+# one thread each (engine/scheduler.py), so no team waits at a barrier there; a team forms for
+# a lone batch, where sleeping at once costs each of a forward's many parallel regions a
+# wake-up. A short spin serves both (scripts/shared_cpu.py, scripts/one_client.py,
+# scripts/wait_policy.py, docs/benchmarks.md; MiniLM, 2 vCPUs): 16 texts x 32 in flight within
+# 1% of PASSIVE quiet and beside a busy core (477.9 / 252.8 vs 477.9 / 256.0 sentences/s,
+# medians of 3 rounds); one client's p50 13.5-13.7 ms vs 15.1-16.7 for one input and 51.1-51.6
+# vs 60.8-61.0 for 16 (two runs, the policies interleaved). An operator's OMP_WAIT_POLICY or
+# GOMP_SPINCOUNT wins.
+SPIN_COUNT = "10000"
 
 
 def size_pools(environ: Any = os.environ) -> tuple[int, str]:
     """Before the engine is imported: each pool's variable set to the CPUs we may use, and
-    OpenMP's idle threads to sleep rather than spin, unless set already (the operator's
-    choice wins)."""
+    OpenMP's idle threads to spin briefly before they sleep (SPIN_COUNT), unless set already
+    (the operator's choice wins)."""
     count, source = available()
     for name in THREAD_VARIABLES:
         environ.setdefault(name, str(count))
-    if "GOMP_SPINCOUNT" not in environ:
-        environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
+    if "OMP_WAIT_POLICY" not in environ:
+        environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
     return count, source
 
 
@@ -158,4 +164,5 @@ def report(count: int, source: str) -> dict[str, Any]:
         "tokenizer_threads": int(os.environ.get("RAYON_NUM_THREADS", count)),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
     }

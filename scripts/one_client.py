@@ -11,7 +11,9 @@ unpinned on all cores, loopback only, every run bounded in time; ROUNDS alternat
 OURS_PYTHON (default: this interpreter) runs our server and the library's encode: point it at
 a venv made by the README's first command (`pip install .`, no test extras) to measure what a
 user's install does; a test venv also imports pandas (through scikit-learn, which
-sentence-transformers imports), about 60 MiB and 0.3 s more.
+sentence-transformers imports), about 60 MiB and 0.3 s more. OURS_ENV ("NAME=VALUE ...")
+adds to our server's environment only (the library and infinity-emb's server keep theirs),
+e.g. OURS_ENV="GOMP_SPINCOUNT=10000" to measure another OpenMP wait policy.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from shared_cpu import free_port, infinity_python
 
 SIZES = (1, 16)
 OURS_PYTHON = os.environ.get("OURS_PYTHON", sys.executable)
+OURS_ENV = dict(pair.split("=", 1) for pair in os.environ.get("OURS_ENV", "").split())
 ENV = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
 
 LIBRARY = """
@@ -78,6 +81,7 @@ def start(system: str) -> tuple[subprocess.Popen[bytes], str, str, str]:
     port = free_port()
     env = {**os.environ, **ENV}
     if system == "ours":
+        env.update(OURS_ENV)
         cmd = [OURS_PYTHON, "-m", "openai_compat", "serve", "--port", str(port)]
         cmd += ["--cache-bytes", "0", "--log-level", "warning", "--no-access-log"]
         probe, prefix = "/ready", "/v1"

@@ -4,12 +4,14 @@ off), 32 requests in flight, the server unpinned on all the cores it is given, q
 a busy process pinned to CPU 1 for the whole run. Variants differ only in the server's
 environment; rounds alternate their order. Loopback only; every run is bounded in time.
 
-    python scripts/shared_cpu.py [ROUNDS] [quiet,neighbour] [passive,spin,spin10k,omp1]
+    python scripts/shared_cpu.py [ROUNDS] [quiet,neighbour] [default,passive,spin,spin10k,omp1]
 
-    passive  the server's default: the native engine, OpenMP's idle threads sleeping
-             (cpus.WAIT_POLICY)
+    default  the server as it starts itself: the native engine, OpenMP's idle threads
+             spinning briefly before they sleep (cpus.SPIN_COUNT)
+    passive  OMP_WAIT_POLICY=PASSIVE: idle threads sleep at once (the default until the
+             forward lanes, 2026-12-05)
     spin     libgomp's own default (GOMP_SPINCOUNT=300000: idle threads spin first)
-    spin10k  a short spin (GOMP_SPINCOUNT=10000) before sleeping
+    spin10k  a short spin (GOMP_SPINCOUNT=10000) before sleeping: the default, named
     omp1     one OpenMP thread, spinning as libgomp does by default
     native   engine = "native" named in a config (the default since #39), run by
              $NATIVE_PYTHON if set, else this interpreter
@@ -23,7 +25,7 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
              each embedding PER_REQUEST new texts at a time (the same stream), $INFINITY_PYTHON
     native-engine
              no server: our engine (loading.create_engine) in one process, driven the same
-             way: the HTTP layer's cost is passive / native-engine
+             way: the HTTP layer's cost is default / native-engine
     library  no server: sentence-transformers' own encode(texts, batch_size=32) in one
              process on the same kind of texts, 512 at a time (the ceiling), by
              $NATIVE_PYTHON too: the library the native engine runs on
@@ -47,7 +49,8 @@ from benchkit.load import _WORDS as WORDS  # the benchmark's own vocabulary
 
 SPIN = {"GOMP_SPINCOUNT": "300000"}  # libgomp's default spin count: size_pools keeps it
 VARIANTS = {
-    "passive": {},
+    "default": {},
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
     "spin": SPIN,
     "spin10k": {"GOMP_SPINCOUNT": "10000"},
     "omp1": {**SPIN, "OMP_NUM_THREADS": "1"},

@@ -40,11 +40,13 @@ def test_the_operators_variables_win() -> None:
     count, _ = cpus.size_pools(env)
     assert env["OMP_NUM_THREADS"] == "7" and env["RAYON_NUM_THREADS"] == str(count)
     assert env["MKL_NUM_THREADS"] == str(count)
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE"  # idle OpenMP threads sleep, never spin
-    for theirs in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "10000"}):
+    # idle OpenMP threads spin briefly, then sleep
+    assert env["GOMP_SPINCOUNT"] == cpus.SPIN_COUNT == "10000" and "OMP_WAIT_POLICY" not in env
+    for theirs in ({"OMP_WAIT_POLICY": "PASSIVE"}, {"GOMP_SPINCOUNT": "0"}):
         env = dict(theirs)
         cpus.size_pools(env)
         assert env.get("OMP_WAIT_POLICY") == theirs.get("OMP_WAIT_POLICY")
+        assert env.get("GOMP_SPINCOUNT") == theirs.get("GOMP_SPINCOUNT")
 
 
 @pytest.mark.slow
@@ -58,7 +60,7 @@ def test_a_server_on_one_cpu_sizes_every_pool_to_one() -> None:
     assert report["available"] == 1 and report["source"] == "affinity"
     assert report["torch_threads"] == 1 and report["torch_interop_threads"] == 1
     assert report["tokenizer_threads"] == 1 and report["omp_num_threads"] == "1"
-    assert report["omp_wait_policy"] == "PASSIVE"
+    assert report["omp_wait_policy"] is None and report["gomp_spincount"] == "10000"
 
 
 def test_the_quota_is_the_smallest_on_the_processs_own_cgroup_path(tmp_path: Path) -> None:
