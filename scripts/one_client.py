@@ -3,8 +3,9 @@
 with 16, on our server (the native engine), infinity-emb's own server and the library's own
 `encode` of the same inputs in one process (no HTTP: the floor a server adds to); then each
 server's cold start (process start to /ready; infinity-emb's: its API answers) and its resident
-memory after the run. MiniLM, texts that never repeat (the exact cache off), the server
-unpinned on all cores, loopback only, every run bounded in time; ROUNDS alternated rounds.
+memory after the run (and again after REST_S at rest). MiniLM, texts that never repeat (the
+exact cache off), the server unpinned on all cores, loopback only, every run bounded in time;
+ROUNDS alternated rounds.
 
     INFINITY_PYTHON=.venv-infinity/bin/python python scripts/one_client.py [ROUNDS] [SECONDS]
 
@@ -32,6 +33,9 @@ from benchkit.load import _WORDS as WORDS
 from shared_cpu import free_port, infinity_python
 
 SIZES = (1, 16)
+# The resident memory is read right after the run (rss_mib) and again after REST_S without
+# requests (rss_rest_mib: what each server keeps once a burst is over).
+REST_S = 3.0
 OURS_PYTHON = os.environ.get("OURS_PYTHON", sys.executable)
 OURS_ENV = dict(pair.split("=", 1) for pair in os.environ.get("OURS_ENV", "").split())
 ENV = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
@@ -136,6 +140,8 @@ def server_run(system: str, seconds: float, seed: int) -> dict[str, float]:
                         raise SystemExit(f"{system}: {r.status_code} {r.text[:200]}")
                 out[f"p50_{k}"] = statistics.median(lat) * 1000
             out["rss_mib"] = rss_mib(proc.pid)
+            time.sleep(REST_S)
+            out["rss_rest_mib"] = rss_mib(proc.pid)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -185,6 +191,8 @@ def main() -> None:
         ratios = [f"p50_{k} ours/library {ours[f'p50_{k}'] / lib[f'p50_{k}']:.2f}" for k in SIZES]
         ratios.append(f"ready ours/infinity {ours['ready_s'] / inf['ready_s']:.2f}")
         ratios.append(f"rss ours/infinity {ours['rss_mib'] / inf['rss_mib']:.2f}")
+        rest = ours["rss_rest_mib"] / inf["rss_rest_mib"]
+        ratios.append(f"rss at rest ours/infinity {rest:.2f}")
         print(f"round {r} ratios: " + ", ".join(ratios))
 
 

@@ -1,7 +1,8 @@
 """What the native engine's queue holds and how a batch is formed from it (scheduler.py runs
 them): a caller's inputs (Call), each input's place in the queue (Slot: its cost in tokens and
-its fair-queuing tag), the forward passes' counters (BatchStats), and the formation rule
-(form_batch: length-sorted neighbours within the token budget, TEI's `max_len x n`)."""
+its fair-queuing tag), the forward passes' counters (BatchStats), the formation rule
+(form_batch: length-sorted neighbours within the token budget, TEI's `max_len x n`), and how
+results and failures reach the callers' event loops (resolve, fail)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,31 @@ def form_batch(
         else:
             break
     return order[lo : hi + 1]
+
+
+# Results go back to each caller's own event loop, one callback per loop and batch.
+
+
+def by_loop(calls: Sequence[Call]) -> dict[asyncio.AbstractEventLoop, list[Call]]:
+    grouped: dict[asyncio.AbstractEventLoop, list[Call]] = {}
+    for call in calls:
+        grouped.setdefault(call.loop, []).append(call)
+    return grouped
+
+
+def resolve(calls: list[Call]) -> None:
+    for call in calls:
+        if not call.future.done():
+            call.future.set_result(call.results)
+
+
+def reject(calls: list[Call], exc: BaseException) -> None:
+    for call in calls:
+        if not call.future.done():
+            call.future.set_exception(exc)
+
+
+def fail(calls: set[Call], exc: BaseException) -> None:
+    for loop, group in by_loop(list(calls)).items():
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(reject, group, exc)
