@@ -135,6 +135,14 @@ class ModelConfig(BaseModel):
         description="engine = 'native': the most padded tokens (longest input x inputs) one "
         "batch may hold, beside batch_size (TEI's name and default).",
     )
+    forward_lanes: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="engine = 'native': forward passes of this model that may run side by side, "
+        "sharing its weights and the CPUs (0: two on a CPU with two cores or more for backend = "
+        "'torch' without compile, else one).",
+    )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     trust_remote_code: bool = Field(False, description="Run code shipped with the model.")
     dtype: str = Field("auto", description="float32, float16, bfloat16, int8, fp8 or auto.")
@@ -259,6 +267,9 @@ class ModelConfig(BaseModel):
         if self.quantize is not None and self.backend == "torch":
             names = " or ".join(repr(b) for b in BACKENDS)
             raise ValueError(f"quantize applies to backend = {names} (or engine = {names}) only")
+        if self.forward_lanes > 1 and (self.backend != "torch" or self.compile):
+            # an export's runtime and a compiled forward are not run from two threads at once
+            raise ValueError("forward_lanes > 1 needs backend = 'torch' without compile")
         return self
 
     @model_validator(mode="after")

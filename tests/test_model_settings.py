@@ -67,6 +67,10 @@ EFFECTS: dict[str, tuple[str, str]] = {
         "tests/test_native_engine.py",
         "test_max_batch_tokens_bounds_every_batch",
     ),
+    "forward_lanes": (
+        "tests/test_native_engine.py",
+        "test_forward_lanes_follow_the_setting",
+    ),
     "revision": (
         HERE,
         "test_revision_loads_that_revision_of_a_hub_model",

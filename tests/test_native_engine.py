@@ -16,7 +16,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import numpy as np
@@ -156,6 +156,32 @@ def test_the_forward_thread_uses_the_threads_it_is_given(models: dict[str, Path]
     engine.runner.run = spy  # type: ignore[method-assign]
     run(engine, lambda: engine.embed(TEXTS[:3]))
     assert seen == [("forward-m-0", 1)]
+
+
+def test_forward_lanes_follow_the_setting(models: dict[str, Path]) -> None:
+    """forward_lanes: by default two lanes on two CPUs (torch on the CPU), one on one CPU or
+    with compile; a number given is kept (its forward threads start), and more lanes than
+    CPUs run a thread each; an export or a compiled forward refuses more than one."""
+    from pydantic import ValidationError
+
+    def lane_threads(engine: native.NativeEngine) -> list[str]:
+        async def names() -> list[str]:
+            return sorted(t.name for t in threading.enumerate() if t.name.startswith("forward-m"))
+
+        return cast(list[str], run(engine, names))
+
+    minilm = models["minilm"]
+    two = native.load(config(minilm), threads=2)
+    assert lane_threads(two) == ["forward-m-0", "forward-m-1"] and two.scheduler.narrow == 1
+    assert native.load(config(minilm), threads=1).scheduler.lanes == 1
+    assert native.load(config(minilm, compile=True), threads=2).scheduler.lanes == 1
+    one = native.load(config(minilm, forward_lanes=1), threads=2)
+    assert lane_threads(one) == ["forward-m-0"]
+    three = native.load(config(minilm, forward_lanes=3), threads=2)
+    assert len(lane_threads(three)) == 3 and three.scheduler.narrow == 1
+    for refused in ({"backend": "onnx"}, {"compile": True}):
+        with pytest.raises(ValidationError, match="forward_lanes > 1 needs backend"):
+            config(minilm, forward_lanes=2, **refused)
 
 
 def test_torchs_thread_count_is_per_thread_once_the_thread_has_read_it() -> None:

@@ -336,7 +336,7 @@ async def test_the_scheduler_runs_each_batch_on_the_tuners_count() -> None:
     cpu = CpuModel({2: 300.0, 1: 900.0})  # a busy neighbour: one thread is faster
     runner = TunableRecorder(cpu)
     tuner = ThreadTuner(2, explore_every=10, trial=2, clock=cpu.clock)
-    s = Scheduler(runner, name="t", batch_size=1, max_batch_tokens=10_000, tuner=tuner, lanes=1)
+    s = Scheduler(runner, name="t", batch_size=1, max_batch_tokens=10_000, tuner=tuner)
     s.start()
     try:
         for i in range(8):
@@ -395,7 +395,13 @@ async def test_two_lanes_share_the_cpu_under_load_and_a_lone_batch_takes_it_all(
     tuner.explorations = 1  # measured already: two threads
     now = [10.0]
     s = Scheduler(
-        runner, name="t", batch_size=2, max_batch_tokens=10_000, tuner=tuner, clock=lambda: now[0]
+        runner,
+        name="t",
+        batch_size=2,
+        max_batch_tokens=10_000,
+        tuner=tuner,
+        lanes=2,
+        clock=lambda: now[0],
     )
     assert (s.lanes, s.narrow) == (2, 1)
     s.start()
@@ -426,8 +432,7 @@ async def test_two_lanes_share_the_cpu_under_load_and_a_lone_batch_takes_it_all(
         assert s.stats.batches == 7 and s.stats.inputs == 11
     finally:
         await asyncio.to_thread(s.stop)
-    one_cpu = Scheduler(Recorder(), name="u", batch_size=1, max_batch_tokens=1)
-    assert one_cpu.lanes == 1  # no thread choice: one lane, as before
+    assert Scheduler(Recorder(), name="u", batch_size=1, max_batch_tokens=1).lanes == 1
 
 
 async def test_memory_goes_back_once_per_idle_spell_after_work_and_never_during_it() -> None:

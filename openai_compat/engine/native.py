@@ -66,6 +66,7 @@ class NativeEngine:
         name: str,
         batch_size: int,
         max_batch_tokens: int,
+        lanes: int = 1,
     ) -> None:
         self.runner, self.name = runner, name
         self.kind: TextKind = runner.kind
@@ -75,7 +76,11 @@ class NativeEngine:
         labels = getattr(getattr(self.model, "config", None), "id2label", None) or {}
         self._labels = {int(k): str(v) for k, v in labels.items()}  # read once, at load
         self.scheduler = Scheduler(
-            runner, name=name, batch_size=batch_size, max_batch_tokens=max_batch_tokens
+            runner,
+            name=name,
+            batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
+            lanes=lanes,
         )
         self._prepare = FairPrep(name)
         self._started = False
@@ -270,7 +275,20 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
         name=config.served_name,
         batch_size=config.batch_size,
         max_batch_tokens=config.max_batch_tokens,
+        lanes=lanes(config, runner),
     )
+
+
+def lanes(config: Any, runner: TextRunner) -> int:
+    """Forward passes of a model that may run side by side (scheduler.py's lanes): the
+    model's `forward_lanes`, or by default two where torch runs the model on a CPU of two
+    cores or more (under load one thread each beats one pass on two: 1.13-1.16x for MiniLM on
+    2 vCPUs), else one: an export's runtime keeps its own thread pool, a compiled forward is
+    not run from two threads at once, and a GPU runs one pass at a time anyway."""
+    if config.forward_lanes:
+        return int(config.forward_lanes)
+    on_cpu = getattr(getattr(runner.model, "device", None), "type", "cpu") == "cpu"
+    return 2 if runner.tunable_threads() > 1 and on_cpu and not config.compile else 1
 
 
 # The library's model classes, by the model_type its config_sentence_transformers.json names.

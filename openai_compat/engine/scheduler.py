@@ -23,19 +23,19 @@ calls keep coming, background batches are an eighth of batch_size, so a live req
 waits behind a full one. Results go back with one event-loop callback per batch; a failing
 batch fails only its own callers.
 
-Lanes: where the runner's threads are tunable over two CPUs or more, two forward threads
-share the model (its weights are read-only in inference). A batch formed while no other
-runs, nothing else waits and the lanes have not run side by side for LOADED_S runs alone on
-every thread (the lowest latency for one client; the thread count the tuner measures best on
-the CPU the process really gets, threads.py), and while it runs the other lane waits; under
-load the queue empties for a moment between a response and its client's next request, and a
-lone batch then would hold the other lane when that request came. A batch formed while work
-is left, or beside a running one, runs on its share of the threads (`narrow`: one each on two
-CPUs) while the other lane takes the next: small GEMMs on one thread each waste no time at
-OpenMP's barriers, so under load the pair does 1.13-1.16x one batch on two threads (MiniLM,
-2 vCPUs, sentence-transformers' own encode), and a neighbour busy on one core slows one lane
-only instead of stalling a team at every barrier. Each lane sets its own count (torch's is per
-thread).
+Lanes: on a CPU with two cores or more, two forward threads share a torch model by default
+(its weights are read-only in inference; native.lanes, the model's `forward_lanes`). A batch
+formed while no other runs, nothing else waits and the lanes have not run side by side for
+LOADED_S runs alone on every thread (the lowest latency for one client; the thread count the
+tuner measures best on the CPU the process really gets, threads.py), and while it runs the
+other lane waits; under load the queue empties for a moment between a response and its
+client's next request, and a lone batch then would hold the other lane when that request
+came. A batch formed while work is left, or beside a running one, runs on its share of the
+threads (`narrow`: one each on two CPUs) while the other lane takes the next: small GEMMs on
+one thread each waste no time at OpenMP's barriers, so under load the pair does 1.13-1.16x
+one batch on two threads (MiniLM, 2 vCPUs, sentence-transformers' own encode), and a
+neighbour busy on one core slows one lane only instead of stalling a team at every barrier.
+Each lane sets its own count (torch's is per thread).
 
 There are no pollers: a lane sleeps on a condition until work arrives, callers await a
 future. Whatever the runner is (text.py, debug.py), it is only ever called on its lanes.
@@ -125,23 +125,22 @@ class Scheduler:
         max_batch_tokens: int,
         on_batch: Callable[[list[Slot]], None] | None = None,
         tuner: ThreadTuner | None = None,
-        lanes: int | None = None,
+        lanes: int = 1,
         clock: Callable[[], float] = time.monotonic,
         trim: Callable[[], object] | None = None,
         idle_s: float = IDLE_S,
     ) -> None:
         """`tuner`: how a lone batch's thread count is chosen (threads.py); by default one
         over the runner's tunable_threads() when it has more than one. `lanes`: forward
-        threads (above); by default 2 where the runner's threads are tunable over 2 or more
-        CPUs, else 1. `clock`: when the lanes last ran side by side (tests inject one). `trim`:
-        what gives freed memory back once the model has been idle `idle_s` after work (by
-        default glibc's malloc_trim, where there is one)."""
+        threads (above; native.load chooses them). `clock`: when the lanes last ran side by
+        side (tests inject one). `trim`: what gives freed memory back once the model has been
+        idle `idle_s` after work (by default glibc's malloc_trim, where there is one)."""
         self.runner, self.name = runner, name
         most = int(runner.tunable_threads()) if hasattr(runner, "tunable_threads") else 1
         if tuner is None and most > 1:
             tuner = ThreadTuner(most)
         self.tuner = tuner
-        self.lanes = max(1, lanes if lanes is not None else (2 if most > 1 else 1))
+        self.lanes = max(1, lanes)
         # threads per batch while lanes run side by side: the CPUs shared out among them
         self.narrow = max(1, most // self.lanes)
         self.batch_size, self.max_batch_tokens = max(1, batch_size), max(1, max_batch_tokens)
