@@ -621,8 +621,11 @@ def test_autoscaling_follows_the_load_up_and_down(
     assert observer.wait_replicas("model-minilm", 1, limit=120)
     # 16 texts of ~100 tokens a request: each engine call takes long enough that the model
     # replica holds several at once (short ones are answered before the next arrives)
+    # (the second replica starts on a machine the first one's two forward lanes and the load
+    # keep busy: its import and load can take minutes here)
     with Load(on_ray, workers=6, texts=16, words=100):
-        assert observer.wait_replicas("model-minilm", 2, limit=120)
+        scaled_up = observer.wait_replicas("model-minilm", 2, limit=240)
+        assert scaled_up, observer.ask()["replicas"].get("model-minilm")
     # back down once the load is gone: after the look-back window and the 45 s delay (long
     # enough that the controller's brief zero readings while a starved replica starts on
     # this 2-core machine do not stop it)
