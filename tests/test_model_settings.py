@@ -268,6 +268,9 @@ def test_options_that_cannot_apply_stop_start_up() -> None:
     # infinity-emb skipped it silently; the native engine has no BetterTransformer to swap in
     with pytest.raises(EngineFailure, match="native engine runs transformers' own attention"):
         check_options(_minilm(bettertransformer=True))
+    # forward lanes are the native scheduler's: on infinity-emb's engines they would do nothing
+    with pytest.raises(EngineFailure, match="forward_lanes applies to the native engine"):
+        check_options(_minilm(engine="optimum", forward_lanes=2))
     check_options(_minilm(device="cpu"))
 
 

@@ -7,7 +7,6 @@ results and failures reach the callers' event loops (resolve, fail)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +49,6 @@ class BatchStats:
     padded_tokens: int = 0  # max_len x n, summed
     dropped_inputs: int = 0  # of callers gone before their batch
     forward_seconds: float = 0.0
-    busy_since: float = field(default_factory=time.monotonic)
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -339,10 +339,12 @@ class Scheduler:
         """One batch through the runner on this lane; the thread count it ran on."""
         if self._on_batch is not None:
             self._on_batch(batch)
+        # the tuner (a runner whose count it may set) picks a lone batch's count; a batch
+        # beside another runs on its share
         tuner = self.tuner if wide else None
         threads = given
         if self.tuner is not None:
-            threads = tuner.start() if tuner is not None else self.narrow
+            threads = self.narrow if tuner is None else tuner.start()
             if threads != given:
                 self.runner.set_threads(threads)  # type: ignore[attr-defined]
         started = time.perf_counter()

@@ -93,7 +93,8 @@ def _unreachable_hub_model(config: ModelConfig) -> str | None:
 def check_options(config: ModelConfig) -> None:
     """Refuse, with a message, model options that would otherwise do nothing or fail deep in
     the engine: a local folder that is not there, a device this machine lacks, a revision of
-    a local folder, BetterTransformer where optimum's is not installed."""
+    a local folder, BetterTransformer where optimum's is not installed, forward lanes for
+    infinity-emb's engines."""
     import torch
 
     name = config.served_name
@@ -123,6 +124,11 @@ def check_options(config: ModelConfig) -> None:
                 f"model {name!r}: backend = {config.backend!r} needs the {module!r} package, "
                 f"which is not installed: pip install 'openai-compat[{extra}]'"
             )
+    if not native and config.forward_lanes:
+        raise EngineFailure(
+            f"model {name!r}: forward_lanes applies to the native engine; infinity-emb's "
+            f"engine {config.engine!r} runs its own threads: leave the option out"
+        )
     if native and config.bettertransformer:
         raise EngineFailure(
             f"model {name!r}: bettertransformer = true applies to infinity-emb's engines; the "
