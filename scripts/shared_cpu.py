@@ -18,6 +18,10 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
     native-onnx, native-openvino
              the same with backend = "onnx" / "openvino" (engine/exported.py; the export is
              made on the first start, in $HF_HOME/openai-compat-exports, and reused)
+    native-bf16
+             the native engine with dtype = "bfloat16": half the FLOP cost on a CPU with
+             AVX-512 BF16 (or AMX), vectors no longer within 1e-5 of the fp32 library's
+             (fp32_peak.py; docs/benchmarks.md has the cosines): an operator's choice
     infinity our server on infinity-emb's engine (engine = "torch"), run by $INFINITY_PYTHON
              (requirements/infinity.txt's environment)
     infinity-engine
@@ -58,6 +62,7 @@ VARIANTS = {
     "native": {"OPENAI_COMPAT_CONFIG": "native"},
     "native-onnx": {"OPENAI_COMPAT_CONFIG": "native-onnx"},
     "native-openvino": {"OPENAI_COMPAT_CONFIG": "native-openvino"},
+    "native-bf16": {"OPENAI_COMPAT_CONFIG": "native-bf16"},
     "infinity": {"OPENAI_COMPAT_CONFIG": "infinity"},
     # one_run: no server
     "infinity-engine": {},
@@ -69,12 +74,18 @@ NATIVE_TOML = """[[models]]
 model = "builtin:all-MiniLM-L6-v2"
 engine = "native"
 backend = "{backend}"
+dtype = "{dtype}"
 """
 INFINITY_TOML = """[[models]]
 model = "builtin:all-MiniLM-L6-v2"
 engine = "torch"
 """
-NATIVE_BACKENDS = {"native": "torch", "native-onnx": "onnx", "native-openvino": "openvino"}
+NATIVE_BACKENDS = {
+    "native": ("torch", "auto"),
+    "native-onnx": ("onnx", "auto"),
+    "native-openvino": ("openvino", "auto"),
+    "native-bf16": ("torch", "bfloat16"),
+}
 IN_FLIGHT, PER_REQUEST, SECONDS, WARMUP = 32, 16, 15.0, 4.0
 
 
@@ -91,11 +102,12 @@ def start(extra: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
         if name not in extra:
             env.pop(name, None)
     python = sys.executable
-    backend = NATIVE_BACKENDS.get(env.get("OPENAI_COMPAT_CONFIG", ""))
-    if backend is not None:
-        path = f"/tmp/shared_cpu_{backend}_{os.getpid()}.toml"
+    native = NATIVE_BACKENDS.get(env.get("OPENAI_COMPAT_CONFIG", ""))
+    if native is not None:
+        backend, dtype = native
+        path = f"/tmp/shared_cpu_{backend}_{dtype}_{os.getpid()}.toml"
         with open(path, "w") as f:
-            f.write(NATIVE_TOML.format(backend=backend))
+            f.write(NATIVE_TOML.format(backend=backend, dtype=dtype))
         env["OPENAI_COMPAT_CONFIG"] = path
         python = os.environ.get("NATIVE_PYTHON", sys.executable)
     elif env.get("OPENAI_COMPAT_CONFIG") == "infinity":

@@ -435,38 +435,6 @@ async def test_two_lanes_share_the_cpu_under_load_and_a_lone_batch_takes_it_all(
     assert Scheduler(Recorder(), name="u", batch_size=1, max_batch_tokens=1).lanes == 1
 
 
-async def test_memory_goes_back_once_per_idle_spell_after_work_and_never_during_it() -> None:
-    """Idle `idle_s` after work, one lane gives freed memory back (glibc's malloc_trim by
-    default); not before any work, not again until more work has run, never mid-batch."""
-    trims: list[int] = []
-    gave_back = threading.Event()
-    runner = Recorder()
-
-    def trim() -> None:
-        trims.append(len(runner.batches))
-        gave_back.set()
-
-    s = Scheduler(runner, name="t", batch_size=4, max_batch_tokens=10_000, trim=trim, idle_s=0.05)
-    s.start()
-    try:
-        await asyncio.sleep(0.2)  # idle from the start: nothing to give back
-        assert trims == []
-        assert await s.submit(["a", "b"], [1, 1]) == ["done:a", "done:b"]
-        assert await asyncio.to_thread(gave_back.wait, 5)
-        await asyncio.sleep(0.2)  # idle on: no second trim without new work
-        assert trims == [1]
-        gave_back.clear()
-        assert await s.submit(["c"], [1]) == ["done:c"]
-        assert await asyncio.to_thread(gave_back.wait, 5)
-        assert trims == [1, 2]  # each after its batch had run
-    finally:
-        await asyncio.to_thread(s.stop)
-    from openai_compat.engine.scheduler import libc_trim
-
-    give_back = libc_trim()  # this machine's C library is glibc: the real call works
-    assert give_back is not None and give_back() in (0, 1)
-
-
 def test_the_preparation_queue_takes_keys_in_fair_order() -> None:
     """engine/prep.py: a key with five requests waiting to be tokenized does not put another
     key's request behind all of them."""

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import ctypes
 import logging
 import threading
 import time
@@ -81,22 +80,6 @@ MAX_PASSES = 4
 # this long (under load the queue empties between a response and the client's next request:
 # a wide batch then would hold the other lane when that request comes).
 LOADED_S = 0.5
-# A model idle this long after work gives the heap its batches freed back to the system
-# (glibc's malloc_trim): a burst's activations otherwise stay resident (MiniLM after 320
-# requests of 16 inputs: 43 MB of 660). Never while work arrives: the next batch would fault
-# those pages in again.
-IDLE_S = 2.0
-
-
-def libc_trim() -> Callable[[], object] | None:
-    """glibc's malloc_trim(0), or None where the C library has none (musl, macOS)."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return lambda: trim(0)
-
 
 class Runner(Protocol):
     def on_thread(self) -> None:
@@ -127,14 +110,11 @@ class Scheduler:
         tuner: ThreadTuner | None = None,
         lanes: int = 1,
         clock: Callable[[], float] = time.monotonic,
-        trim: Callable[[], object] | None = None,
-        idle_s: float = IDLE_S,
     ) -> None:
         """`tuner`: how a lone batch's thread count is chosen (threads.py); by default one
         over the runner's tunable_threads() when it has more than one. `lanes`: forward
         threads (above; native.load chooses them). `clock`: when the lanes last ran side by
-        side (tests inject one). `trim`: what gives freed memory back once the model has been
-        idle `idle_s` after work (by default glibc's malloc_trim, where there is one)."""
+        side (tests inject one)."""
         self.runner, self.name = runner, name
         most = int(runner.tunable_threads()) if hasattr(runner, "tunable_threads") else 1
         if tuner is None and most > 1:
@@ -159,9 +139,6 @@ class Scheduler:
         self._wide = False  # one of them is a lone batch on every thread: the others wait
         self._clock = clock
         self._side_by_side = -LOADED_S  # when a batch last started beside another
-        self._trim = trim if trim is not None else libc_trim()
-        self._idle_s = idle_s
-        self._worked = False  # batches ran since memory was last given back
         self._threads = [
             threading.Thread(target=self._serve, name=f"forward-{name}-{i}", daemon=True)
             for i in range(self.lanes)
@@ -239,16 +216,10 @@ class Scheduler:
 
     def _next_batch(self) -> list[Slot] | None:
         """Under the lock: wait for work and a free CPU (no lone batch running on all the
-        threads), then form a batch (None once stopping; [] once the model has been idle
-        `idle_s` after work: the caller gives memory back, outside the lock)."""
+        threads), then form a batch (None once stopping)."""
         while True:
             while not self._stopping and (self._wide or not (self._live or self._background)):
-                timeout = self._idle_s if self._worked and self._trim is not None else None
-                timed_out = not self._cond.wait(timeout)
-                idle = not (self._running or self._live or self._background)
-                if timed_out and idle and self._worked:
-                    self._worked = False  # one lane gives it back, once per idle spell
-                    return []
+                self._cond.wait()
             if self._stopping:
                 return None
             queue = self._live if self._live else self._background
@@ -300,12 +271,7 @@ class Scheduler:
                 batch = self._next_batch()
                 if batch is None:
                     return
-                if batch:
-                    wide = self._start_batch()
-            if not batch:  # idle after work: freed memory back to the system
-                if self._trim is not None:
-                    self._trim()
-                continue
+                wide = self._start_batch()
             try:
                 batch = [s for s in batch if s.call.wanted()]  # gone while the lock was let go
                 if batch:
@@ -381,7 +347,6 @@ class Scheduler:
             stats.inputs += len(batch)
             stats.tokens += sum(s.cost for s in batch)
             stats.padded_tokens += padded
-            self._worked = True
         if tuner is not None:  # a wide batch: no other runs, so only one lane is here
             before = tuner.chosen
             tuner.done(padded)
