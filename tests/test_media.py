@@ -8,12 +8,8 @@ import pytest
 
 from openai_compat.errors import BadRequest
 from openai_compat.formats import media
-from openai_compat.formats.media import (
-    GuardedResolver,
-    MediaFetcher,
-    RefusedAddress,
-    is_public_address,
-)
+from openai_compat.formats.media import MediaFetcher, RefusedAddress, is_public_address
+from openai_compat.formats.media_client import GuardedResolver
 from tests.media_samples import data_uri, png, wav
 
 
@@ -317,3 +313,22 @@ async def test_resolved_names_are_cached_for_a_bounded_time() -> None:
         assert 0 < media._DNS_TTL <= 300
     finally:
         await f.close()
+
+
+def test_a_server_that_fetches_no_url_never_imports_aiohttp() -> None:
+    """media_client.py (aiohttp: ~90 ms of start-up, 8 MiB) loads on the first URL fetched,
+    not with the app: a text model's server never pays for it."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from openai_compat.app import create_app\n"
+        "from openai_compat.config import build_settings\n"
+        "create_app(build_settings({}, {}))\n"
+        "print('aiohttp' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "False"

@@ -81,6 +81,7 @@ MAX_PASSES = 4
 # a wide batch then would hold the other lane when that request comes).
 LOADED_S = 0.5
 
+
 class Runner(Protocol):
     def on_thread(self) -> None:
         """Runs once, first thing on the forward thread (thread counts, inference mode)."""

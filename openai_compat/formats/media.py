@@ -23,14 +23,13 @@ import ipaddress
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urljoin, urlsplit
 
-import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import ThreadedResolver
-
 from openai_compat.errors import BadRequest
+
+if TYPE_CHECKING:
+    import aiohttp
 
 Modality = Literal["image", "audio"]
 
@@ -109,27 +108,6 @@ def is_public_address(address: str) -> bool:
     return all(a.is_global and not a.is_multicast and not a.is_reserved for a in candidates)
 
 
-class GuardedResolver(AbstractResolver):
-    """Resolves like aiohttp's default, then refuses non-public addresses."""
-
-    def __init__(self, allow_private: bool) -> None:
-        self._inner = ThreadedResolver()
-        self._allow_private = allow_private
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        infos = await self._inner.resolve(host, port, family)
-        if not self._allow_private:
-            for info in infos:
-                if not is_public_address(info["host"]):
-                    raise RefusedAddress(host, info["host"])
-        return infos
-
-    async def close(self) -> None:
-        await self._inner.close()
-
-
 def _refusal(exc: BaseException) -> RefusedAddress | None:
     seen: set[int] = set()
     stack: list[BaseException | None] = [exc]
@@ -180,13 +158,10 @@ class MediaFetcher:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(
-                resolver=GuardedResolver(self.allow_private), limit=64, ttl_dns_cache=_DNS_TTL
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
-                headers={"User-Agent": "openai-compat media fetcher"},
+            from openai_compat.formats.media_client import new_session  # aiohttp: on first use
+
+            self._session = new_session(
+                allow_private=self.allow_private, timeout=self.timeout, dns_ttl=_DNS_TTL
             )
         return self._session
 
@@ -254,6 +229,8 @@ class MediaFetcher:
             )
 
     async def _download(self, index: int, url: str) -> bytes:
+        from openai_compat.formats.media_client import ClientError
+
         try:
             # One deadline for the whole fetch: every redirect hop shares it.
             async with asyncio.timeout(self.timeout):
@@ -262,7 +239,7 @@ class MediaFetcher:
             raise
         except TimeoutError:
             raise MediaError(index, f"fetching took longer than {self.timeout:g}s") from None
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
+        except (ClientError, OSError, ValueError) as exc:
             refused = _refusal(exc)
             if refused is not None:
                 raise MediaError(
