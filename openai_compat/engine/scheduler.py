@@ -80,6 +80,9 @@ MAX_PASSES = 4
 # this long (under load the queue empties between a response and the client's next request:
 # a wide batch then would hold the other lane when that request comes).
 LOADED_S = 0.5
+# An idle model does not give its freed heap back (glibc's malloc_trim, tried 2026-12-05): the
+# next batches fault those pages in again, and one-input requests in the second after a 2.5 s
+# pause ran at p50 15.1-15.4 ms against 12.4 without it (docs/benchmarks.md).
 
 
 class Runner(Protocol):
