@@ -8,7 +8,8 @@ import pytest
 
 from openai_compat.errors import BadRequest
 from openai_compat.formats import media
-from openai_compat.formats.media import MediaFetcher, RefusedAddress, is_public_address
+from openai_compat.formats.addresses import RefusedAddress, is_public_address
+from openai_compat.formats.media import MediaFetcher
 from openai_compat.formats.media_client import GuardedResolver
 from tests.media_samples import data_uri, png, wav
 

@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
-from openai_compat.formats.media import RefusedAddress, is_public_address
+from openai_compat.formats.addresses import RefusedAddress, is_public_address
 
 ClientError = aiohttp.ClientError
 
