@@ -271,10 +271,15 @@ def observer(cluster: Cluster, on_ray: str) -> Iterator[Observer]:
 
 
 class Load:
-    """Steady embedding requests from `workers` threads until the block ends; what failed."""
+    """Steady embedding requests from `workers` threads until the block ends; what failed.
+    `fresh`: every request's texts are new, so the ingress's exact cache answers none of them
+    and each reaches a model replica (otherwise a worker repeats its one body)."""
 
-    def __init__(self, url: str, workers: int, texts: int = 4, words: int = 4) -> None:
+    def __init__(
+        self, url: str, workers: int, texts: int = 4, words: int = 4, fresh: bool = False
+    ) -> None:
         self.url, self.workers, self.texts, self.words = url, workers, texts, words
+        self.fresh = fresh
         self.ok = 0
         self.failures: list[tuple[int, str | None]] = []  # (status, Retry-After)
         self.errors: list[str] = []  # no HTTP answer at all (timeouts, resets)
@@ -285,9 +290,11 @@ class Load:
         filler = " ".join(["load"] * self.words)
         body = {"model": "minilm", "input": [f"{filler} {i} {k}" for k in range(self.texts)]}
         with httpx.Client(timeout=60) as client:
-            for _ in range(10_000):  # bounded however long the block lasts
+            for n in range(10_000):  # bounded however long the block lasts
                 if self.stop.is_set():
                     return
+                if self.fresh:
+                    body["input"] = [f"{filler} {i} {n} {k}" for k in range(self.texts)]
                 try:
                     r = client.post(self.url + "/v1/embeddings", json=body)
                 except httpx.HTTPError as exc:
@@ -619,11 +626,13 @@ def test_autoscaling_follows_the_load_up_and_down(
     scaled.write_text(text)
     deploy(cluster, scaled, on_ray)
     assert observer.wait_replicas("model-minilm", 1, limit=120)
-    # 16 texts of ~100 tokens a request: each engine call takes long enough that the model
-    # replica holds several at once (short ones are answered before the next arrives)
-    # (the second replica starts on a machine the first one's two forward lanes and the load
-    # keep busy: its import and load can take minutes here)
-    with Load(on_ray, workers=6, texts=16, words=100):
+    # 16 new texts of ~100 tokens a request: each engine call takes long enough that the
+    # model replica holds several at once (short ones are answered before the next arrives),
+    # and none is a repeat the ingress's exact cache would answer without the replica (with
+    # repeats only each worker's first request reached it: the scale-up was a race, lost in
+    # two CI runs of four) (the second replica starts on a machine the first one's two
+    # forward lanes and the load keep busy: its import and load can take minutes here)
+    with Load(on_ray, workers=6, texts=16, words=100, fresh=True):
         scaled_up = observer.wait_replicas("model-minilm", 2, limit=240)
         assert scaled_up, observer.ask()["replicas"].get("model-minilm")
     # back down once the load is gone: after the look-back window and the 45 s delay (long
