@@ -141,7 +141,7 @@ class ModelConfig(BaseModel):
         le=64,
         description="engine = 'native': forward passes of this model that may run side by side, "
         "sharing its weights and the CPUs (0: two on a CPU with two cores or more for backend = "
-        "'torch' without compile, else one).",
+        "'torch' without compile or 'onnx', else one).",
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     trust_remote_code: bool = Field(False, description="Run code shipped with the model.")
@@ -267,9 +267,9 @@ class ModelConfig(BaseModel):
         if self.quantize is not None and self.backend == "torch":
             names = " or ".join(repr(b) for b in BACKENDS)
             raise ValueError(f"quantize applies to backend = {names} (or engine = {names}) only")
-        if self.forward_lanes > 1 and (self.backend != "torch" or self.compile):
-            # an export's runtime and a compiled forward are not run from two threads at once
-            raise ValueError("forward_lanes > 1 needs backend = 'torch' without compile")
+        if self.forward_lanes > 1 and (self.backend == "openvino" or self.compile):
+            # OpenVINO's compiled model keeps one pool; torch.compile is not thread-safe
+            raise ValueError("forward_lanes > 1 needs backend = 'torch' without compile, or 'onnx'")
         return self
 
     @model_validator(mode="after")

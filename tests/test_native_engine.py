@@ -161,7 +161,7 @@ def test_the_forward_thread_uses_the_threads_it_is_given(models: dict[str, Path]
 def test_forward_lanes_follow_the_setting(models: dict[str, Path]) -> None:
     """forward_lanes: by default two lanes on two CPUs (torch on the CPU), one on one CPU or
     with compile; a number given is kept (its forward threads start), and more lanes than
-    CPUs run a thread each; an export or a compiled forward refuses more than one."""
+    CPUs run a thread each; OpenVINO's export or a compiled forward refuses more than one."""
     from pydantic import ValidationError
 
     def lane_threads(engine: native.NativeEngine) -> list[str]:
@@ -179,9 +179,10 @@ def test_forward_lanes_follow_the_setting(models: dict[str, Path]) -> None:
     assert lane_threads(one) == ["forward-m-0"]
     three = native.load(config(minilm, forward_lanes=3), threads=2)
     assert len(lane_threads(three)) == 3 and three.scheduler.narrow == 1
-    for refused in ({"backend": "onnx"}, {"compile": True}):
+    for refused in ({"backend": "openvino"}, {"compile": True}):
         with pytest.raises(ValidationError, match="forward_lanes > 1 needs backend"):
             config(minilm, forward_lanes=2, **refused)
+    assert config(minilm, forward_lanes=2, backend="onnx").forward_lanes == 2
 
 
 def test_torchs_thread_count_is_per_thread_once_the_thread_has_read_it() -> None:
@@ -492,6 +493,10 @@ def test_exported_backends_serve_the_model_within_their_fidelity(
         TEXTS, normalize_embeddings=True
     )
     got = np.stack(vectors)
+    # ONNX Runtime's sessions are thread-safe: two lanes on two CPUs, as torch has
+    assert engine.scheduler.lanes == (2 if backend == "onnx" else 1)
+    if backend == "onnx" and quantize is None:
+        onnx_sessions_follow_the_thread_count(config(models["minilm"], **options), exports)
     if quantize is None:
         assert np.max(np.abs(got - reference)) < floor
         assert measured["min_cosine"] >= 0.9999
@@ -506,6 +511,51 @@ def test_exported_backends_serve_the_model_within_their_fidelity(
     # the same batches (int8's activation scales are per batch: the same neighbours too)
     second, _ = run(again, lambda: again.embed(TEXTS))
     assert np.max(np.abs(np.stack(second) - got)) < 1e-5
+
+
+def onnx_sessions_follow_the_thread_count(model: ModelConfig, exports: Path) -> None:
+    """An ONNX export runs each batch on a session of the calling lane's thread count (torch's
+    count on that thread, which the scheduler sets), made on its first use and kept: a lane
+    side by side runs one thread, a lone batch the tuner's count; both answer the library's
+    encoder."""
+    import onnxruntime
+    import torch
+
+    made: list[int] = []
+    real = onnxruntime.InferenceSession
+
+    def spy(path: str, options: Any, **kw: Any) -> Any:
+        made.append(options.intra_op_num_threads)
+        return real(path, options, **kw)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(onnxruntime, "InferenceSession", spy)
+        engine = native.load(model, threads=2, export_dir=exports)  # from the cache
+        assert made == [2]  # the start-up count's session, made with the engine
+        served = engine.runner.model  # the library's model, the export as its encoder
+        features = served.preprocess(TEXTS)
+        answers: dict[int, list[np.ndarray]] = {}
+
+        def lane(count: int) -> None:
+            torch.get_num_threads()  # a thread's first read resets its count (on_thread)
+            torch.set_num_threads(count)
+            for _ in range(2):
+                with torch.inference_mode():
+                    out = served(dict(features))["sentence_embedding"].numpy()
+                answers.setdefault(count, []).append(out)
+
+        for count in (1, 2, 1):  # 1's session is made once, on its first use
+            thread = threading.Thread(target=lane, args=(count,))
+            thread.start()
+            thread.join()
+        assert made == [2, 1]
+    library = st.SentenceTransformer(model.source, device="cpu")
+    with torch.inference_mode():
+        expected = library(dict(features))["sentence_embedding"].numpy()
+    assert sorted(answers) == [1, 2]
+    for outs in answers.values():
+        for out in outs:
+            assert np.max(np.abs(out - expected)) < 1e-5
 
 
 def test_exported_backends_refuse_what_is_not_a_text_embedder(

@@ -20,6 +20,7 @@ Text embedders only (one vector per input): other kinds run on torch.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -216,13 +217,28 @@ def _runtime(model: Any, graph: Path, backend: str, threads: int, dtype: str) ->
     else:
         import onnxruntime
 
-        options = backends.runtime_options("onnx", threads)["session_options"]
-        session = onnxruntime.InferenceSession(
-            str(graph), options, providers=["CPUExecutionProvider"]
-        )
+        # One session per thread count, made on first use: ONNX Runtime fixes a session's
+        # pool when it is made, and the scheduler gives each batch a count (torch's count on
+        # the calling lane's thread, which it sets): two lanes side by side run one thread
+        # each, a lone batch the tuner's count. Session.run is thread-safe, so lanes share a
+        # session; one thread runs on the caller's thread, no pool. Each count held costs a
+        # session (the model's weights again: MiniLM ~90 MiB); threads.candidates bounds them.
+        sessions: dict[int, Any] = {}
+        made = threading.Lock()
+
+        def session(count: int) -> Any:
+            with made:
+                if count not in sessions:
+                    options = backends.runtime_options("onnx", count)["session_options"]
+                    sessions[count] = onnxruntime.InferenceSession(
+                        str(graph), options, providers=["CPUExecutionProvider"]
+                    )
+                return sessions[count]
+
+        session(threads)
 
         def run(feed: dict[str, np.ndarray]) -> np.ndarray:
-            return session.run(["last_hidden_state"], feed)[0]
+            return session(torch.get_num_threads()).run(["last_hidden_state"], feed)[0]
 
     class Exported(torch.nn.Module):
         def __init__(self) -> None:

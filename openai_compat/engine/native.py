@@ -269,6 +269,7 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
         multivector=multivector,
         exported=exported,
         modes=type(model).__name__ == "MultiVectorEncoder",
+        tunable=config.backend in ("torch", "onnx"),
     )
     return NativeEngine(
         runner,
@@ -281,10 +282,12 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
 
 def lanes(config: Any, runner: TextRunner) -> int:
     """Forward passes of a model that may run side by side (scheduler.py's lanes): the
-    model's `forward_lanes`, or by default two where torch runs the model on a CPU of two
-    cores or more (under load one thread each beats one pass on two: 1.13-1.16x for MiniLM on
-    2 vCPUs), else one: an export's runtime keeps its own thread pool, a compiled forward is
-    not run from two threads at once, and a GPU runs one pass at a time anyway."""
+    model's `forward_lanes`, or by default two where torch or ONNX Runtime runs the model on a
+    CPU of two cores or more (under load one thread each beats one pass on two: 1.13-1.16x for
+    MiniLM on 2 vCPUs; ONNX Runtime's sessions are thread-safe), else one: OpenVINO's compiled
+    model keeps its own thread pool, a compiled forward is not run from two threads at once
+    (torch.compile is not thread-safe: pytorch/pytorch#136833), and a GPU runs one pass at a
+    time anyway."""
     if config.forward_lanes:
         return int(config.forward_lanes)
     on_cpu = getattr(getattr(runner.model, "device", None), "type", "cpu") == "cpu"

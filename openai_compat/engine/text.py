@@ -146,11 +146,15 @@ class TextRunner:
         multivector: bool = False,
         exported: Path | None = None,
         modes: bool = False,
+        tunable: bool | None = None,
     ):
         self.model, self.kind, self.threads = model, kind, threads
         self.multivector = multivector
         self.modes = modes
         self.exported = exported  # the export's folder, where one runs the forward pass
+        # whether each batch's thread count may be set (tunable_threads): torch's may, and an
+        # ONNX export's (a session per count, exported.py); OpenVINO keeps the pool it made
+        self.tunable = exported is None if tunable is None else tunable
         tokenizer = model.tokenizer
         self.tokenizer = tokenizer
         self.left = getattr(tokenizer, "padding_side", "right") == "left"
@@ -236,9 +240,10 @@ class TextRunner:
         self.model.eval()
 
     def tunable_threads(self) -> int:
-        """torch's threads may change between batches; an export's runtime keeps the pool
-        it was built with (ONNX Runtime, OpenVINO): fixed."""
-        return self.threads if self.exported is None else 1
+        """The most threads a batch may be given: torch's count (and an ONNX export's,
+        which runs each batch on the session of the count set) may change between batches;
+        OpenVINO's compiled model keeps the pool it was built with: fixed."""
+        return self.threads if self.tunable else 1
 
     def set_threads(self, count: int) -> None:
         import torch
