@@ -349,6 +349,27 @@ async def test_the_scheduler_runs_each_batch_on_the_tuners_count() -> None:
     assert Scheduler(Recorder(), name="u", batch_size=1, max_batch_tokens=1).tuner is None
 
 
+def test_a_runner_is_told_every_thread_count_it_may_be_given_before_any_batch() -> None:
+    """prepare_threads: a runner that holds something per thread count (an ONNX export's
+    session per count) is given, at construction, the tuner's candidates and the lanes'
+    share: what the model pool's load measurement then covers."""
+
+    class Preparing(TunableRecorder):
+        def tunable_threads(self) -> int:
+            return 8
+
+        def prepare_threads(self, counts: Sequence[int]) -> None:
+            self.prepared = list(counts)
+
+    runner = Preparing(CpuModel({}))
+    Scheduler(runner, name="p", batch_size=1, max_batch_tokens=1, lanes=3)
+    assert runner.prepared == [1, 2, 4, 8] and runner.given == []  # 8 // 3 lanes: 2 each
+    fixed = Preparing(CpuModel({}))
+    fixed.tunable_threads = lambda: 1  # type: ignore[method-assign]
+    Scheduler(fixed, name="f", batch_size=1, max_batch_tokens=1)
+    assert not hasattr(fixed, "prepared")  # a fixed count: nothing to prepare
+
+
 class LaneRecorder(Recorder):
     """A runner on two tunable threads whose count is per thread, as torch's is: records, for
     each batch, the count its lane gave and the items running beside it when it started.

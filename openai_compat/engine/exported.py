@@ -204,6 +204,7 @@ def _runtime(model: Any, graph: Path, backend: str, threads: int, dtype: str) ->
 
     names = _input_names(model)
     config = model.transformers_model.config
+    prepare = None  # what a set of thread counts needs made before use (ONNX's sessions)
     if backend == "openvino":
         import openvino
 
@@ -217,12 +218,13 @@ def _runtime(model: Any, graph: Path, backend: str, threads: int, dtype: str) ->
     else:
         import onnxruntime
 
-        # One session per thread count, made on first use: ONNX Runtime fixes a session's
-        # pool when it is made, and the scheduler gives each batch a count (torch's count on
-        # the calling lane's thread, which it sets): two lanes side by side run one thread
-        # each, a lone batch the tuner's count. Session.run is thread-safe, so lanes share a
-        # session; one thread runs on the caller's thread, no pool. Each count held costs a
-        # session (the model's weights again: MiniLM ~90 MiB); threads.candidates bounds them.
+        # One session per thread count: ONNX Runtime fixes a session's pool when it is made,
+        # and the scheduler gives each batch a count (torch's count on the calling lane's
+        # thread, which it sets): two lanes side by side run one thread each, a lone batch
+        # the tuner's count. Session.run is thread-safe, so lanes share a session; one thread
+        # runs on the caller's thread, no pool. The scheduler names every count it may give
+        # while the model loads (prepare_threads), so all are made then; each costs the
+        # model's weights again (MiniLM ~90 MiB), and threads.candidates bounds how many.
         sessions: dict[int, Any] = {}
         made = threading.Lock()
 
@@ -240,10 +242,18 @@ def _runtime(model: Any, graph: Path, backend: str, threads: int, dtype: str) ->
         def run(feed: dict[str, np.ndarray]) -> np.ndarray:
             return session(torch.get_num_threads()).run(["last_hidden_state"], feed)[0]
 
+        def make(counts: Any) -> None:
+            for count in counts:
+                session(count)
+
+        prepare = make
+
     class Exported(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.config = config  # what the server reads of a model (limits, sizes)
+            if prepare is not None:
+                self.prepare_threads = prepare  # text.TextRunner.prepare_threads calls it
 
         def forward(self, **inputs: Any) -> dict[str, Any]:
             ids = inputs["input_ids"]

@@ -91,6 +91,8 @@ class Runner(Protocol):
 
     # Optional: `tunable_threads() -> int`, the most threads `set_threads(count)` may give
     # the forward pass from the next batch on (1: the count is fixed); see threads.py.
+    # Optional: `prepare_threads(counts)`, called once at construction with every count a
+    # batch may be given, for a runner that holds something per count (exported.py).
 
     def run(self, items: Sequence[Any]) -> list[Any]:
         """One batch: the prepared items -> one result each, in order."""
@@ -127,6 +129,10 @@ class Scheduler:
         self.lanes = max(1, lanes)
         # threads per batch while lanes run side by side: the CPUs shared out among them
         self.narrow = max(1, most // self.lanes)
+        if tuner is not None and hasattr(runner, "prepare_threads"):
+            # made now, while the model loads (the pool measures a load's memory), not on a
+            # batch's first use of a count
+            runner.prepare_threads(sorted({*tuner.options, self.narrow}))
         self.batch_size, self.max_batch_tokens = max(1, batch_size), max(1, max_batch_tokens)
         self.stats = BatchStats()
         self._on_batch = on_batch  # tests observe formation here
@@ -276,16 +282,22 @@ class Scheduler:
                 if batch is None:
                     return
                 wide = self._start_batch()
+            done: list[Call] = []
             try:
                 batch = [s for s in batch if s.call.wanted()]  # gone while the lock was let go
                 if batch:
-                    given = self._run(batch, wide, given)
+                    given, done = self._run(batch, wide, given)
             finally:
                 with self._cond:
                     self._running -= 1
                     if wide:
                         self._wide = False
                     self._cond.notify_all()
+            # answered once this lane is free: a client's next request, sent on this answer,
+            # must not find the lane still running (it would run narrow, beside nothing, and
+            # keep lone batches narrow for LOADED_S)
+            for loop, calls in by_loop(done).items():
+                loop.call_soon_threadsafe(resolve, calls)
 
     def _start_batch(self) -> bool:
         """Under the lock, a batch formed: whether it runs wide, alone on every thread (no
@@ -305,8 +317,9 @@ class Scheduler:
             self._cond.notify()  # work is left: another lane may take it
         return wide
 
-    def _run(self, batch: list[Slot], wide: bool, given: int) -> int:
-        """One batch through the runner on this lane; the thread count it ran on."""
+    def _run(self, batch: list[Slot], wide: bool, given: int) -> tuple[int, list[Call]]:
+        """One batch through the runner on this lane: the thread count it ran on, and the
+        calls it completed (for the caller to answer)."""
         if self._on_batch is not None:
             self._on_batch(batch)
         # the tuner (a runner whose count it may set) picks a lone batch's count; a batch
@@ -326,7 +339,7 @@ class Scheduler:
         except BaseException as exc:  # a batch's error fails its callers only
             logger.debug("model %r: batch failed", self.name, exc_info=True)
             fail({s.call for s in batch}, exc)
-            return threads
+            return threads, []
         finally:
             self._count(batch, padded, time.perf_counter() - started, tuner)
         done: list[Call] = []
@@ -337,9 +350,7 @@ class Scheduler:
                 call.remaining -= 1
                 if call.remaining == 0:
                     done.append(call)
-        for loop, calls in by_loop(done).items():
-            loop.call_soon_threadsafe(resolve, calls)
-        return threads
+        return threads, done
 
     def _count(
         self, batch: list[Slot], padded: int, seconds: float, tuner: ThreadTuner | None

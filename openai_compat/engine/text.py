@@ -245,6 +245,13 @@ class TextRunner:
         OpenVINO's compiled model keeps the pool it was built with: fixed."""
         return self.threads if self.tunable else 1
 
+    def prepare_threads(self, counts: Sequence[int]) -> None:
+        """What each thread count a batch may be given needs before its first batch: an ONNX
+        export's session per count (exported.py); torch needs nothing."""
+        prepare = getattr(self.model[0].model, "prepare_threads", None) if self.exported else None
+        if prepare is not None:
+            prepare(counts)
+
     def set_threads(self, count: int) -> None:
         import torch
 
