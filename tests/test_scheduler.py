@@ -445,8 +445,12 @@ async def test_two_lanes_share_the_cpu_under_load_and_a_lone_batch_takes_it_all(
         assert "a" not in runner.seen["b0"][1] + runner.seen["c0"][1]
         split = await s.submit(["s0", "s1", "s2", "s3"], [1, 1, 9, 9])
         assert split == ["done:s0", "done:s1", "done:s2", "done:s3"]
+        # (a caller is answered before its lane is marked free, scheduler._run: wait for
+        # the lanes to be free, or "w" may find one still running and go narrow)
+        await until(lambda: s._running == 0)
         now[0] += LOADED_S / 2
         assert await s.submit(["n"], [1]) == ["done:n"]
+        await until(lambda: s._running == 0)
         now[0] += LOADED_S
         assert await s.submit(["w"], [1]) == ["done:w"]
         assert (runner.seen["n"][0], runner.seen["w"][0]) == (1, 2)
