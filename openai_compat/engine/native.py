@@ -269,7 +269,6 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
         multivector=multivector,
         exported=exported,
         modes=type(model).__name__ == "MultiVectorEncoder",
-        tunable=config.backend in ("torch", "onnx"),
     )
     return NativeEngine(
         runner,

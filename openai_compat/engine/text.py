@@ -146,15 +146,14 @@ class TextRunner:
         multivector: bool = False,
         exported: Path | None = None,
         modes: bool = False,
-        tunable: bool | None = None,
     ):
         self.model, self.kind, self.threads = model, kind, threads
         self.multivector = multivector
         self.modes = modes
         self.exported = exported  # the export's folder, where one runs the forward pass
-        # whether each batch's thread count may be set (tunable_threads): torch's may, and an
-        # ONNX export's (a session per count, exported.py); OpenVINO keeps the pool it made
-        self.tunable = exported is None if tunable is None else tunable
+        # An export whose runtime takes a thread count per batch says what the counts need
+        # (ONNX: a session each, exported.py); OpenVINO's keeps the pool it was built with.
+        self._prepare = getattr(model[0].model, "prepare_threads", None) if exported else None
         tokenizer = model.tokenizer
         self.tokenizer = tokenizer
         self.left = getattr(tokenizer, "padding_side", "right") == "left"
@@ -243,14 +242,13 @@ class TextRunner:
         """The most threads a batch may be given: torch's count (and an ONNX export's,
         which runs each batch on the session of the count set) may change between batches;
         OpenVINO's compiled model keeps the pool it was built with: fixed."""
-        return self.threads if self.tunable else 1
+        return self.threads if self.exported is None or self._prepare is not None else 1
 
     def prepare_threads(self, counts: Sequence[int]) -> None:
         """What each thread count a batch may be given needs before its first batch: an ONNX
         export's session per count (exported.py); torch needs nothing."""
-        prepare = getattr(self.model[0].model, "prepare_threads", None) if self.exported else None
-        if prepare is not None:
-            prepare(counts)
+        if self._prepare is not None:
+            self._prepare(counts)
 
     def set_threads(self, count: int) -> None:
         import torch

@@ -57,6 +57,19 @@ _WORDS = [
 ]
 
 
+def forward_batches(model: Any, count: int = 512, size: int = 32) -> list[dict[str, Any]]:
+    """#39's stream for the forward pass alone (fp32_peak.py, compiled_forward.py): `count`
+    texts of 6-14 words, length-sorted into batches of `size` as the engine and the
+    library's encode form them, each the library's own `model.preprocess` of its texts."""
+    rng = random.Random(0)
+    texts = [
+        f"{i} {i % 16} " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(6, 14)))
+        for i in range(count)
+    ]
+    ordered = sorted(texts, key=lambda t: len(model.tokenizer(t)["input_ids"]))
+    return [model.preprocess(ordered[i : i + size]) for i in range(0, count, size)]
+
+
 def sentences(n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 16))) + "." for _ in range(n)]
