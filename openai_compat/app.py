@@ -94,7 +94,7 @@ def create_app(
     if registry.pool is None and not registry.complete:
         registry.pool = ModelPool(
             registry.configs,
-            ModelLoader(registry, settings.exports()),
+            ModelLoader(registry, settings.exports(), settings.max_multivector_values),
             partial(unload_entry, registry),
             max_loaded=settings.max_loaded_models,
             budget=settings.memory_budget,

@@ -19,6 +19,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from openai_compat.engine.priority import in_background
 from openai_compat.errors import (
     SHARED_KEYS,
     APIError,
@@ -164,9 +165,17 @@ class GatewayMiddleware:
         key = key_box[0]
         if key is not None:
             state["key"] = key.name
+        # a Batch API line (run in-process as its owner) waits for its owner's rate
+        background = key is not None and in_background()
         if refusal is None and key is not None:
             try:
-                self.tenants.limiter.admit(key)
+                if background:
+                    await self.tenants.limiter.admit_waiting(key)
+                else:
+                    # reading a batch's state or a file costs no tokens: an owner whose
+                    # batch spends its tpm can still follow it
+                    spends = scope["method"] == "POST" and not _under(path, BATCH_PREFIXES)
+                    self.tenants.limiter.admit(key, spends_tokens=spends)
             except APIError as exc:
                 refusal = "rate_limited", exc
             if refusal is not None and key.limited:
@@ -188,7 +197,7 @@ class GatewayMiddleware:
         if counted:
             self.lifecycle.inflight += 1
             self.metrics.in_flight.inc()
-        caller = Caller(key, self.tenants.limiter) if key is not None else None
+        caller = Caller(key, self.tenants.limiter, background=background) if key else None
         entered = current_caller.set(caller)
         if key is not None and key.limited:
             limiter = self.tenants.limiter
@@ -229,13 +238,20 @@ class GatewayMiddleware:
             self._record(scope, path, status, start)
 
     def _settle(self, caller: Caller, state: dict[str, Any], status: int) -> None:
-        """The request is over: its place in flight back, its tokens charged (those not
-        taken before the model ran)."""
+        """The request is over: its place in flight back, its tokens settled: those not
+        taken before the model ran charged, a provisional reservation larger than what the
+        model ran given back, and a request refused after its reservation (a full queue's
+        429) charged nothing."""
         limiter = caller.limiter
         limiter.release(caller.key)
         if status == 200:
             rest = int(state.get("tokens", 0) or 0) - caller.reserved_tokens
-            limiter.charge(caller.key, rest)
+            if rest >= 0:
+                limiter.charge(caller.key, rest)
+            else:
+                limiter.refund(caller.key, -rest)
+        elif status == 429:
+            limiter.refund(caller.key, caller.reserved_tokens)
 
     def _refuse(
         self, scope: Scope, path: str, key_box: list[Key | None]

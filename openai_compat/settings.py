@@ -195,6 +195,14 @@ class Settings(BaseModel):
         "is decoded (decompression bombs).",
         ge=9,
     )
+    max_multivector_values: int = _opt(
+        4_194_304,
+        "Most vector values (vectors x dimensions) one request may get back from a "
+        "multi-vector model (ColBERT, ColPali: one vector per token): 4 Mi values are 16 MiB "
+        "of float32, about 22 MB of base64 or 45 MB of JSON floats. Checked from the inputs' "
+        "token counts before the model runs.",
+        ge=1,
+    )
     max_audio_seconds: float = _opt(
         60.0, "Longest audio item in seconds; checked from its header before decoding.", gt=0
     )

@@ -70,6 +70,22 @@ tpm = 30
 name = "owner"
 key_sha256 = "{sha("owner-key-1")}"
 models = ["minilm"]
+
+[[keys]]
+name = "pacer"
+key_sha256 = "{sha("pacer-key")}"
+models = ["minilm"]
+tpm = 600
+
+[[keys]]
+name = "rerank-only"
+key_sha256 = "{sha("rerank-only-key")}"
+models = ["reranker"]
+
+[[keys]]
+name = "secret-only"
+key_sha256 = "{sha("secret-only-key")}"
+models = ["secret"]
 """
 
 
@@ -165,7 +181,7 @@ def test_requests_per_minute_answer_as_openai_does(srv: RemoteServer) -> None:
     over = post(srv, "/v1/embeddings", "requests-key", body)  # 30 s per request to refill
     assert over.status_code == 429
     error = over.json()["error"]
-    assert (error["code"], error["type"]) == ("rate_limit_exceeded", "rate_limit_error")
+    assert (error["code"], error["type"]) == ("rate_limit_exceeded", "requests")  # OpenAI's
     assert "requests per minute: limit 2" in error["message"]
     assert int(over.headers["retry-after"]) >= 1
     assert over.headers["x-ratelimit-remaining-requests"] == "0"
@@ -179,7 +195,14 @@ def test_tokens_per_minute_count_what_usage_counts(srv: RemoteServer) -> None:
     long = "word " * 60  # 62 tokens with [CLS] and [SEP]: more than the whole tpm of 40
     with pytest.raises(openai.RateLimitError) as caught:
         client.embeddings.create(model="minilm", input=long)
-    assert "more than key 'tokens''s whole limit of 40 tokens per minute" in str(caught.value)
+    assert "Request too large for key 'tokens' on tokens per min (TPM): Limit 40" in str(
+        caught.value
+    )
+    body = caught.value.body
+    assert isinstance(body, dict) and (body["code"], body["type"]) == (
+        "rate_limit_exceeded",
+        "tokens",
+    )  # what SDKs and dashboards key on, as OpenAI answers it
     raw = client.embeddings.with_raw_response.create(model="minilm", input="word " * 20)
     assert raw.parse().usage.prompt_tokens == 22
     assert raw.headers["x-ratelimit-limit-tokens"] == "40"
@@ -194,7 +217,7 @@ def test_tokens_per_minute_count_what_usage_counts(srv: RemoteServer) -> None:
     ):
         over = post(srv, path, "tokens-key", body)
         assert over.status_code == 429, (path, over.text)
-        assert "whole limit of 40 tokens per minute" in over.text, path
+        assert "Request too large" in over.text and "Limit 40" in over.text, path
 
 
 def test_permissions_for_batches_and_admin(srv: RemoteServer) -> None:
@@ -308,7 +331,65 @@ def test_a_batch_line_larger_than_the_whole_tpm_fails_instead_of_waiting(
     assert job.error_file_id is not None
     row = json.loads(client.files.content(job.error_file_id).text.splitlines()[0])
     assert row["custom_id"] == "huge" and row["response"]["status_code"] == 429
-    assert row["response"]["body"]["error"]["code"] == "request_too_large"
+    error = row["response"]["body"]["error"]
+    assert (error["code"], error["type"]) == ("rate_limit_exceeded", "tokens")
+    assert error["message"].startswith("Request too large")
+
+
+def test_a_batch_under_a_tpm_waits_for_the_owner_budget_and_finishes(srv: RemoteServer) -> None:
+    """Four lines of 160 tokens under a tpm of 600 (10 a second): three run at once, the
+    fourth waits for its 160 tokens (about 4 s) and runs; none is failed for the rate and no
+    line is refused over and over (the runner dropped whole waves before: 0 completed)."""
+    text = "word " * 158  # 160 tokens with [CLS] and [SEP]
+    lines = [
+        {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "minilm", "input": text}}
+        for i in range(4)
+    ]  # fmt: skip
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="pacer-key", max_retries=0)
+    started = time.monotonic()
+    job = run_batch(client, lines, timeout=90)
+    assert job.status == "completed" and job.request_counts is not None
+    assert (job.request_counts.completed, job.request_counts.failed) == (4, 0)
+    assert time.monotonic() - started >= 3.0  # the fourth line waited for its tokens
+    assert job.output_file_id is not None
+    rows = [json.loads(r) for r in client.files.content(job.output_file_id).text.splitlines()]
+    assert sorted(r["custom_id"] for r in rows) == [f"line-{i}" for i in range(4)]
+    assert all(r["response"]["body"]["usage"]["prompt_tokens"] == 160 for r in rows)
+    # the lines took 640 tokens: the owner's bucket holds what refilled since, not a refund
+    probe = post(srv, "/v1/embeddings", "pacer-key", {"model": "minilm", "input": "hi"})
+    assert int(probe.headers["x-ratelimit-remaining-tokens"]) < 100, probe.headers
+
+
+def test_tei_root_and_info_serve_the_first_model_the_key_can_see(srv: RemoteServer) -> None:
+    """POST / and /info resolve their model like every route (scope, lease, lazy load): a
+    key scoped to the reranker (the third model) gets the reranker, never minilm (the first
+    served), and TEI's routes without a model name use the first able model in the key's
+    scope, not a hidden server-wide default."""
+    texts = ["A man is eating food.", "The stock market crashed today."]
+    rerank = {"query": "Who is eating?", "texts": texts}
+    root = post(srv, "/", "rerank-only-key", rerank)
+    assert root.status_code == 200, root.text
+    assert root.json() == post(srv, "/rerank", "rerank-only-key", rerank).json()
+    info = httpx.get(srv.url + "/info", headers=bearer("rerank-only-key")).json()
+    assert info["served_model_name"] == "reranker" and "reranker" in info["model_type"]
+    # minilm serves POST / to a key that sees it (the first served model)
+    as_scoped = post(srv, "/", "scoped-key", {"inputs": "hello"})
+    direct = post(srv, "/v1/embeddings", "scoped-key", {"model": "minilm", "input": "hello"})
+    assert as_scoped.json()[0] == pytest.approx(direct.json()["data"][0]["embedding"], abs=1e-6)
+    # a key that sees only the debug model: TEI's /embed and vLLM's /tokenize use it
+    embedded = post(srv, "/embed", "secret-only-key", {"inputs": "hello"})
+    assert embedded.status_code == 200, embedded.text
+    named = post(srv, "/v1/embeddings", "secret-only-key", {"model": "secret", "input": "hello"})
+    assert embedded.json()[0] == pytest.approx(named.json()["data"][0]["embedding"], abs=1e-6)
+    info = httpx.get(srv.url + "/info", headers=bearer("secret-only-key")).json()
+    assert info["served_model_name"] == "secret"
+    # the tutorial's routes name only the models the key may use in their errors
+    body = {"query": "q", "docs": ["a"], "model_index": 9}
+    refused = post(srv, "/rerank", "secret-only-key", body)
+    assert refused.status_code == 400, refused.text
+    message = refused.json()["error"]["message"]
+    assert "(1=secret)" in message and "=minilm" not in message and "=reranker" not in message
 
 
 def test_a_flooding_key_does_not_hold_back_another_on_a_slow_engine(tmp_path: Path) -> None:

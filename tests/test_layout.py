@@ -148,3 +148,32 @@ def test_a_route_calling_a_step_is_found(tmp_path: Path) -> None:
     route = tmp_path / "route.py"
     route.write_text("from x import embed_texts\nasync def f():\n    await embed_texts()\n")
     assert _steps_called(route) == {"embed_texts"}
+
+
+def _listing_reads(path: Path) -> list[int]:
+    """Lines where a module reads the registry's listing of loaded models (`.entries()`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr in ("entries", "_entries")
+    ]
+
+
+def test_no_route_serves_a_model_read_off_the_registry_listing() -> None:
+    """A route's model is resolved by name (scope, lease, lazy load: Registry.resolve and
+    friends); the listing of loaded entries bypasses all three (TEI's POST / did)."""
+    found = {
+        name: lines
+        for name, path in _modules().items()
+        if name.startswith("openai_compat.api.") and (lines := _listing_reads(path))
+    }
+    assert found == {}
+
+
+def test_a_route_reading_the_listing_is_found(tmp_path: Path) -> None:
+    route = tmp_path / "route.py"
+    route.write_text("async def f(registry):\n    return registry.entries()[0]\n")
+    assert _listing_reads(route) == [2]

@@ -179,12 +179,17 @@ def test_tokens_per_minute_refuse_a_request_over_the_whole_limit_and_an_empty_bu
     k = key(tpm=600)
     with pytest.raises(RateLimited) as caught:
         limiter.reserve(k, 601)
-    assert "more than key 'k''s whole limit of 600 tokens per minute" in caught.value.message
-    assert caught.value.code == "request_too_large" and not caught.value.headers
+    # OpenAI's answer to a request over the whole limit: type tokens, rate_limit_exceeded
+    assert caught.value.message.startswith(
+        "Request too large for key 'k' on tokens per min (TPM): Limit 600, Requested 601."
+    )
+    error = caught.value
+    assert (error.code, error.type, error.headers) == ("rate_limit_exceeded", "tokens", {})
     limiter.reserve(k, 500)
     with pytest.raises(RateLimited) as caught:
         limiter.reserve(k, 200)  # 100 left: 100 more come in 10 s
     assert caught.value.headers == {"Retry-After": "10"}
+    assert (caught.value.code, caught.value.type) == ("rate_limit_exceeded", "tokens")
     limiter.charge(k, 300)  # counted after the answer: the bucket goes below zero
     assert dict(limiter.headers(k))[b"x-ratelimit-remaining-tokens"] == b"0"
     with pytest.raises(RateLimited, match="on tokens per minute"):
@@ -246,3 +251,60 @@ def test_a_key_past_its_share_of_a_models_queue_gets_429_while_others_are_admitt
             admit(b, 1, stack)  # B's share with A active: 100 x 3 / 4
         assert entry.shares.queued[False] == {"A": 100, "B": 90}
     assert entry.shares.queued[False] == {} and entry.queued == 0  # all given back
+
+
+class SleepingClock(FakeClock):
+    """A fake clock whose sleep moves it (a waiting caller's pauses, without waiting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t = 0.0
+        self.slept: list[float] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += seconds
+
+
+async def test_a_background_caller_waits_for_its_tokens_instead_of_a_429() -> None:
+    """A Batch API line is never refused for its owner's rate: it waits until the bucket
+    holds its tokens (the whole tpm: once the bucket is full), then takes them."""
+    clock = SleepingClock()
+    limiter = Limiter(clock, sleep=clock.sleep)
+    k = key(tpm=600)  # 10 tokens a second
+    limiter.reserve(k, 550)  # 50 left
+    await limiter.reserve_waiting(k, 150)  # 100 missing: 10 s
+    assert clock.t == pytest.approx(10.0) and sum(clock.slept) == pytest.approx(10.0)
+    assert limiter.use(k).tokens.level == pytest.approx(0.0)  # type: ignore[union-attr]
+    await limiter.reserve_waiting(k, 600)  # a line of the whole tpm: waits for a full bucket
+    assert clock.t == pytest.approx(70.0)
+    with pytest.raises(RateLimited) as caught:  # more than the whole tpm: waiting never helps
+        await limiter.reserve_waiting(k, 601)
+    assert caught.value.message.startswith("Request too large")
+    assert clock.t == pytest.approx(70.0)  # refused without waiting
+
+
+async def test_a_background_caller_waits_for_its_request_and_is_not_refused_for_tokens() -> None:
+    clock = SleepingClock()
+    limiter = Limiter(clock, sleep=clock.sleep)
+    k = key(rpm=6, tpm=600)  # a request every 10 s
+    for _ in range(6):
+        limiter.admit(k)
+        limiter.release(k)
+    limiter.reserve(k, 600)  # the tokens bucket is empty too
+    with pytest.raises(RateLimited):
+        limiter.admit(k)  # a live request is refused
+    await limiter.admit_waiting(k)  # a background one waits for its request (10 s)...
+    assert clock.t == pytest.approx(10.0)  # ...and not for tokens (those wait at reserve)
+    assert limiter.use(k).inflight == 1
+
+
+async def test_a_refund_gives_back_what_the_model_did_not_run() -> None:
+    clock = FakeClock()
+    limiter = Limiter(clock)
+    k = key(tpm=600)
+    limiter.reserve(k, 500)
+    limiter.refund(k, 300)
+    assert dict(limiter.headers(k))[b"x-ratelimit-remaining-tokens"] == b"400"
+    limiter.refund(k, 10_000)  # never above the limit
+    assert dict(limiter.headers(k))[b"x-ratelimit-remaining-tokens"] == b"600"

@@ -29,7 +29,7 @@ async def health(request: Request) -> Response:
         # to an unauthenticated probe
         message = lifecycle.unavailable_message() + " The reason is in the server's log."
         return api_error_response(ServiceUnavailable(message))
-    dead = [e.name for e in registry.entries() if not e.alive()]
+    dead = registry.dead()
     if dead and lifecycle.phase == "ready":
         return api_error_response(
             ServiceUnavailable(f"engine(s) stopped: {', '.join(dead)}", code="engine_dead")

@@ -261,15 +261,20 @@ async def run_line(
 
 
 def _final(content: bytes) -> bool:
-    """A 429 that waiting cannot cure (larger than the owner's whole tokens per minute):
-    the line fails with it instead of being tried again until the batch expires."""
+    """A 429 that waiting cannot cure (larger than the owner's whole tokens per minute,
+    OpenAI's "Request too large"): the line fails with it instead of being tried again
+    until the batch expires."""
     if TOO_LARGE.encode() not in content[:4096]:
         return False
     try:
         error = orjson.loads(content).get("error")
     except (orjson.JSONDecodeError, AttributeError):
         return False
-    return isinstance(error, dict) and error.get("code") == TOO_LARGE
+    return (
+        isinstance(error, dict)
+        and error.get("type") == "tokens"
+        and str(error.get("message", "")).startswith(TOO_LARGE)
+    )
 
 
 def _inputs(raw: bytes) -> int:

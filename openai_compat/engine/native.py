@@ -32,7 +32,7 @@ from openai_compat.engine import folders
 from openai_compat.engine.debug import DebugRunner
 from openai_compat.engine.prep import FairPrep
 from openai_compat.engine.priority import in_background, tenant
-from openai_compat.engine.scheduler import EngineStopped, Scheduler
+from openai_compat.engine.scheduler import EngineStopped, OutputTooLarge, Scheduler
 from openai_compat.engine.text import TextKind, TextRunner
 from openai_compat.model_config import DEBUG_ENGINE
 
@@ -84,6 +84,8 @@ class NativeEngine:
         )
         self._prepare = FairPrep(name)
         self._started = False
+        # a multi-vector model's bound on one call's output: (values per token, most values)
+        self._output_bound: tuple[int, int] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -115,11 +117,22 @@ class NativeEngine:
             name, weight, len(inputs), self.runner.prepare, list(inputs), task
         )
         rows = await asyncio.wrap_future(job)
+        if self._output_bound is not None:
+            width, most = self._output_bound
+            values = sum(r.length for r in rows if r.tokens) * width
+            if values > most:
+                raise OutputTooLarge(values, most)
         costs = [r.length for r in rows]
         results = await self.scheduler.submit(
             rows, costs, background=in_background(), tenant=name, weight=weight
         )
         return results, sum(r.used for r in rows)
+
+    def bound_output(self, width: int, most: int) -> None:
+        """Refuse a call whose token vectors (its rows' tokens x `width`) would pass `most`
+        values, once its inputs are tokenized and before they are queued (a multi-vector
+        model's answer grows with its inputs' tokens)."""
+        self._output_bound = (width, most)
 
     @property
     def modes(self) -> bool:

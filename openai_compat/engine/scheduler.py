@@ -102,6 +102,18 @@ class EngineStopped(RuntimeError):
     """The model was unloaded or the server is stopping while work was queued."""
 
 
+class OutputTooLarge(ValueError):
+    """A call's token vectors would pass the server's bound (max_multivector_values)."""
+
+    def __init__(self, values: int, most: int) -> None:
+        super().__init__(
+            f"These inputs would make {values} vector values (one vector per token), more than "
+            f"the {most} one request may have (max_multivector_values); send fewer or shorter "
+            "inputs."
+        )
+        self.values, self.most = values, most
+
+
 class Scheduler:
     """The queue and forward thread of one model replica."""
 

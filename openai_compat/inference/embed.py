@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from openai_compat.engine import adapter
-from openai_compat.engine.scheduler import EngineStopped
+from openai_compat.engine.scheduler import EngineStopped, OutputTooLarge
 from openai_compat.engine.usage import TokenIds
 from openai_compat.errors import BadRequest, InputTooLong, ServiceUnavailable
 from openai_compat.formats.encoding import as_matrix
@@ -42,6 +42,8 @@ def engine_errors() -> Iterator[None]:
         yield
     except EngineStopped as exc:
         raise ServiceUnavailable(str(exc), headers={"Retry-After": "1"}) from exc
+    except OutputTooLarge as exc:
+        raise BadRequest(str(exc), param="input", code="output_too_large") from exc
     except Exception as exc:
         refusal = _infinity_refusal(exc)
         if refusal is None:
@@ -189,7 +191,7 @@ async def _embed(
             # texts reach the engine cut a few tokens past the model's limit, and a key's
             # tokens-per-minute is charged before the model runs (tenants/limits.py).
             tokens, prepared = await counter.prepare(texts, truncate=truncate, names=names)
-            reserve_tokens(tokens)
+            await reserve_tokens(tokens)
             vectors, usage = await entry.embed(prepared, mode)
             exact = settings.count_tokens or not truncate
             return EmbedResult(vectors, tokens if exact else int(usage))
@@ -216,8 +218,8 @@ async def _embed_ids(
                 if not truncate:
                     raise InputTooLong(names(i), len(t.ids), limit)
                 inputs[i] = TokenIds(t, t.ids[:limit])
-    reserve_tokens(sum(len(t.ids) for t in inputs))
     with entry.admit(len(inputs), settings.max_queued_inputs), engine_errors():
+        await reserve_tokens(sum(len(t.ids) for t in inputs))  # once the queue took them
         vectors, _ = await entry.embed(list(inputs))
     return EmbedResult(vectors, sum(len(t.ids) for t in inputs))
 
@@ -314,6 +316,8 @@ async def embed_media(
             payloads = await fetcher.fetch_all(items, modality, rate)
         except MediaError as exc:
             raise exc.renamed(*names(exc.index)) from None
+        if modality == "image":  # what usage will count, taken before the model runs
+            await reserve_tokens(entry.image_tokens * len(items))
         with engine_errors():
             vectors = await _media_engine_call(entry, modality, payloads)
     # infinity-emb counts characters of an internal repr for media; report what the model

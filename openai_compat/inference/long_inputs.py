@@ -30,6 +30,7 @@ from openai_compat.formats.tokens import Names, TokenCounter
 from openai_compat.inference.embed import embed_texts
 from openai_compat.models.registry import ModelEntry
 from openai_compat.settings import Settings
+from openai_compat.tenants.limits import reserve_tokens
 
 Mode = Literal["mean", "chunks"]
 
@@ -229,10 +230,16 @@ def _late_plan(
     content = ~np.asarray(enc.special_tokens_mask, dtype=bool) & (ends > starts) & (starts >= 0)
     if given is None:
         idx = np.flatnonzero(content)
-        step = max(1, size or 1)
+        # a run longer than the document is the document (and a size near 2**63 must not
+        # overflow numpy's int64 arithmetic below)
+        step = max(1, min(size or 1, len(idx)))
         last = np.minimum(np.arange(step - 1, len(idx) + step - 1, step), len(idx) - 1)
         spans = np.stack([starts[idx[::step]], ends[idx[last]]], axis=1).reshape(-1, 2)
     else:
+        if any(not 0 <= x <= len(text) for span in given for x in span):
+            return (
+                f"must be [start, end) character offsets within the input ({len(text)} characters)"
+            )
         spans = np.asarray(given, dtype=np.int64).reshape(-1, 2)
         if (
             not len(spans)
@@ -338,6 +345,7 @@ async def embed_late(
             made, settings, "chunk_tokens", lambda i: f"{names(i)[1]} in chunks of {chunk_tokens}"
         )
     with entry.admit(len(texts), settings.max_queued_inputs):
+        await reserve_tokens(sum(len(e.ids) for e in encodings))  # usage, before the model
         if remote is not None:
             outputs = await remote(full)
         else:

@@ -24,6 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
+from openai_compat.engine.scheduler import OutputTooLarge
 from openai_compat.engine.usage import TokenIds
 from openai_compat.errors import BadRequest
 from openai_compat.formats.media import MediaFetcher, Modality
@@ -186,6 +189,11 @@ async def run(
             for i, vector in zip(at, result.vectors, strict=True):
                 done.vectors[i] = vector
     done.count = len(done.vectors)
+    if entry.multivector:  # cache hits too: the engine bounds only what it computes
+        values = sum(int(np.size(v)) for v in done.vectors)
+        if values > settings.max_multivector_values:
+            too_large = OutputTooLarge(values, settings.max_multivector_values)
+            raise BadRequest(str(too_large), param="input", code="output_too_large")
     return done
 
 

@@ -128,7 +128,7 @@ async def rerank_texts(
                 await _refuse_long_pairs(entry, query, docs, pairs, docs_param)
             if counts_first():  # a key's tpm: the pairs' tokens are taken before they run
                 tokens = await counter.pair_usage(query, pairs)
-                reserve_tokens(tokens)
+                await reserve_tokens(tokens)
                 results, _ = await entry.engine.rerank(query=query, docs=pairs)
             elif entry.engine_counts:  # the engine counts the pairs it tokenizes: no 2nd pass
                 results, tokens = await entry.engine.rerank(query=query, docs=pairs)
@@ -291,13 +291,13 @@ async def classify_texts(
     tokens: int | None = None
     counter = entry.counter
     prepared = texts
-    if counter is not None and (not truncate or counts_first() or counter.needs_cutting(texts)):
-        # Refuse over-long input before spending engine time on it; cut huge texts; take a
-        # key's tokens per minute before the model runs.
-        names = field_names(param)
-        tokens, prepared = await counter.prepare(texts, truncate=truncate, names=names)
-        reserve_tokens(tokens)
     with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
+        if counter is not None and (not truncate or counts_first() or counter.needs_cutting(texts)):
+            # Refuse over-long input before spending engine time on it; cut huge texts; take
+            # a key's tokens per minute before the model runs (once the queue took them).
+            names = field_names(param)
+            tokens, prepared = await counter.prepare(texts, truncate=truncate, names=names)
+            await reserve_tokens(tokens)
         if raw_scores:
             if entry.logits is None:
                 raise BadRequest(
@@ -336,7 +336,12 @@ async def classify_pairs(
             param="inputs",
             code="unsupported_input",
         )
+    counter = entry.counter
+    tokens: int | None = None
     with entry.admit(len(inputs), settings.max_queued_inputs), engine_errors():
+        if counter is not None and counts_first():  # a key's tpm: taken before they run
+            tokens = await counter.pairs_usage(inputs)
+            await reserve_tokens(tokens)
         rows = await entry.logits.logits(
             [x if isinstance(x, str) else {"text": x[0], "text_pair": x[1]} for x in inputs]
         )
@@ -349,7 +354,8 @@ async def classify_pairs(
             values /= values.sum()
         labels.append(sorted(zip(names, values.tolist(), strict=True), key=lambda p: -p[1]))
     finite_scores(entry, [score for item in labels for _, score in item])
-    tokens = await entry.counter.pairs_usage(inputs) if entry.counter is not None else 0
+    if tokens is None:
+        tokens = await counter.pairs_usage(inputs) if counter is not None else 0
     return labels, tokens
 
 

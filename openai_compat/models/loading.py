@@ -273,8 +273,14 @@ class ModelLoader:
     (pool.py calls it, one load at a time). Every model shares its one cl100k_base decoder,
     which builds its encoding on first use (formats/token_ids.py)."""
 
-    def __init__(self, registry: Registry, export_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        export_dir: Path | None = None,
+        max_multivector_values: int | None = None,
+    ) -> None:
         self.registry, self.export_dir = registry, export_dir
+        self.max_multivector_values = max_multivector_values
         self.cl100k = Cl100kDecoder()
 
     @staticmethod
@@ -298,6 +304,9 @@ class ModelLoader:
             registry.engines.append(engine)
             await engine.astart()
             entry = await describe(config, engine, self.cl100k, export_dir or default_export_dir())
+            bound = getattr(engine, "bound_output", None)
+            if entry.multivector and bound is not None and self.max_multivector_values:
+                bound(entry.dimensions, self.max_multivector_values)
             if config.model_warmup:
                 await warm_up(entry)
         except BaseException as exc:

@@ -1,164 +1,30 @@
-"""Served names and aliases -> one loaded model each, with what it can do. Strict lookups."""
+"""Served names and aliases -> one loaded model each (entry.py), with what it can do. Strict
+lookups, within the current key's scope; the defaults for requests that name no model."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from openai_compat.engine import adapter
-from openai_compat.engine.infinity.feeder import Feeder
-from openai_compat.engine.priority import in_background
-from openai_compat.errors import BadRequest, ModelNotFound, RateLimited, ServiceUnavailable
-from openai_compat.formats.compact import Quantizer
-from openai_compat.formats.prompts import Prompts
-from openai_compat.formats.tokens import TokenCounter
+from openai_compat.errors import (
+    BadRequest,
+    ModelNotFound,
+    NotFound,
+    ServiceUnavailable,
+)
 from openai_compat.models.cache import EmbeddingCache
+from openai_compat.models.entry import Capability, ModelEntry, owned_by
 from openai_compat.settings import ModelConfig, check_unique_names
 from openai_compat.tenants.limits import current as current_caller
-from openai_compat.tenants.shares import QueueShares
 
 if TYPE_CHECKING:
     from openai_compat.models.pool import ModelPool
 
-Capability = Literal["embed", "sparse", "rerank", "classify", "image", "audio"]
-
-
-def owned_by(model: str) -> str:
-    """A hub id's organisation; ours for local folders and builtins."""
-    if "/" in model and not model.startswith(("/", ".", "builtin:")):
-        return model.split("/")[0]
-    return "openai-compat"
+__all__ = ["Capability", "EngineFailure", "ModelEntry", "Registry", "owned_by"]
 
 
 class EngineFailure(RuntimeError):
     """A model could not be loaded or started; stops the server."""
-
-
-@dataclass
-class ModelEntry:
-    """One loaded model and everything the API needs to know about it."""
-
-    config: ModelConfig
-    engine: Any  # infinity_emb.AsyncEmbeddingEngine
-    capabilities: frozenset[Capability]
-    dimensions: int | None = None
-    max_length: int | None = None
-    counter: TokenCounter | None = None
-    token_decoder: Any | None = None  # Cl100kDecoder | ModelTokenIdDecoder | None
-    logits: Any | None = None  # raw classification logits: LogitsRunner, NativeEngine
-    late: Any | None = None  # engine.late.LateRunner, made on the first late-chunking request
-    multivector: bool = False  # one vector per token (ColBERT-style), not one per input
-    modes: bool = False  # queries and documents embedded apart (MultiVectorEncoder's task)
-    engine_counts: bool = False  # the engine reports each input's tokens (no 2nd pass)
-    raw_output: bool = False  # vectors keep their pre-normalisation norm (TEI normalize=false)
-    exact_token_ids: bool = False  # token_ids = "model": ids reach the model as given
-    sparse: bool = False  # SPLADE: sparse vectors (sparse.SparseVector), dimensions = vocabulary
-    image_tokens: int = 0  # tokens one image is to the model (ViT patches + class token)
-    sampling_rate: int | None = None  # what audio inputs must be sampled at
-    cosine_rerank: bool = False  # reranks by embedding similarity (no cross-encoder)
-    prompts: Prompts = field(default_factory=Prompts)
-    quantizer: Quantizer | None = None  # int8/uint8 ranges (see formats/compact.py)
-    feeder: Feeder | None = None  # embed calls in length-sorted waves (engine/infinity/feeder.py)
-    cache: EmbeddingCache | None = None  # exact vectors of texts seen before (cache.py)
-    queued: int = 0  # live inputs admitted and not yet answered
-    inflight: int = 0  # live requests in the engine's hands
-    background_queued: int = 0  # the same for Batch API lines (their own budget)
-    background_inflight: int = 0
-    created: int = field(default_factory=lambda: int(time.time()))
-    load_seconds: float = 0.0
-    shares: QueueShares = field(default_factory=QueueShares, repr=False)  # with keys
-
-    @property
-    def name(self) -> str:
-        return self.config.served_name
-
-    @property
-    def owned_by(self) -> str:
-        return owned_by(self.config.model)
-
-    @contextmanager
-    def admit(self, inputs: int, limit: int) -> Iterator[None]:
-        """Admission control: refuse (429) work that would push the queued inputs past `limit`.
-
-        A request is always admitted onto an idle model, so one larger than the limit can
-        still run; the queue never holds more than `limit` plus one request's inputs. Live
-        requests and Batch API lines (inside feeder.background()) have a budget each: a job
-        never uses up live admission, and live traffic never starves a job of its own.
-        """
-        background = in_background()
-        queued = self.background_queued if background else self.queued
-        caller = current_caller.get()
-        if caller is not None:
-            key = caller.key
-            self.shares.admit(self.name, key.name, key.weight, inputs, limit, background)
-        elif limit and queued and queued + inputs > limit:
-            raise RateLimited(
-                f"Model {self.name!r} has {queued} inputs queued (limit {limit}); retry shortly.",
-                headers={"Retry-After": "1"},
-            )
-        if background:
-            self.background_queued += inputs
-            self.background_inflight += 1
-        else:
-            self.queued += inputs
-            self.inflight += 1
-        try:
-            yield
-        finally:
-            if background:
-                self.background_queued -= inputs
-                self.background_inflight -= 1
-            else:
-                self.queued -= inputs
-                self.inflight -= 1
-            if caller is not None:
-                self.shares.release(caller.key.name, inputs, background)
-
-    @property
-    def pending(self) -> int:
-        """Inputs admitted and not yet answered, live and background."""
-        return self.queued + self.background_queued
-
-    def tokenizer(self, param: str) -> TokenCounter:
-        """The model's own tokenizer (tokenize and decode routes); 400 for models without."""
-        if self.counter is None:
-            raise BadRequest(f"Model {self.name!r} has no tokenizer.", param=param)
-        return self.counter
-
-    def engine_queue(self) -> int:
-        """Inputs waiting for the model: in infinity-emb's batching queue, and held by the
-        feeder for its next wave."""
-        held = self.feeder.waiting if self.feeder is not None else 0
-        return adapter.queue_length(self.engine) + held
-
-    async def embed(self, texts: list[str], mode: str | None = None) -> tuple[list[Any], int]:
-        """The engine's embed (vectors, usage), through the exact cache (cache.py) and the
-        feeder where there are. `mode` ("query", "document"): a model with modes only."""
-        if mode is not None and not self.modes:
-            raise RuntimeError(f"model {self.name!r} has no query and document modes")
-
-        async def compute(todo: list[str]) -> tuple[list[Any], int]:
-            return await self._embed(todo, mode)
-
-        if self.cache is not None:
-            return await self.cache.embed(self.name, texts, compute, mode=mode)
-        return await compute(texts)
-
-    async def _embed(self, texts: list[str], mode: str | None) -> tuple[list[Any], int]:
-        if mode is not None:  # the native engine (and Ray replicas of it): no feeder
-            moded: tuple[list[Any], int] = await self.engine.embed(texts, mode)
-            return moded
-        if self.feeder is not None:
-            return await self.feeder.embed(texts)
-        result: tuple[list[Any], int] = await self.engine.embed(texts)
-        return result
-
-    def alive(self) -> bool:
-        """False once the engine's batching machinery has died."""
-        return adapter.batcher_alive(self.engine)
 
 
 class Registry:
@@ -237,6 +103,10 @@ class Registry:
     def entries(self) -> list[ModelEntry]:
         return list(self.__iter__())
 
+    def dead(self) -> list[str]:
+        """The loaded models whose engine has died (the health probe's answer)."""
+        return [e.name for e in self.entries() if not e.alive()]
+
     def served_names(self) -> list[str]:
         """Every name the current client may use: served names, then aliases."""
         names = [n for n in self._order if self.visible(n)]
@@ -297,12 +167,24 @@ class Registry:
                 defaults.setdefault(capability, best)
         self._defaults = defaults
 
+    async def first(self) -> ModelEntry:
+        """The first served model the caller can see, loaded and leased (TEI's POST / and
+        /info serve "the" model); 404 when the caller's scope holds none."""
+        visible = [n for n in self._order if self.visible(n)]
+        if not visible:
+            raise NotFound("This key may use no served model.", code="model_not_found")
+        return await self.resolve(visible[0])
+
     async def default(self, capability: Capability, *, or_first: bool = False) -> ModelEntry:
-        """The model for requests that name none (see choose_defaults); with `or_first`, the
-        first served model when none can (tokenizing needs only a tokenizer)."""
-        name = self._defaults.get(capability) or await self._discover(capability)
-        if name is None and or_first and self._order:
-            return await self.resolve(self._order[0])
+        """The model for requests that name none (see choose_defaults), among the models the
+        caller can see: the server's default when it is in the caller's scope, else the best
+        able model in it; with `or_first`, the first such model when none can (tokenizing
+        needs only a tokenizer)."""
+        name = self._defaults.get(capability)
+        if name is None or not self.visible(name):
+            name = await self._discover(capability)
+        if name is None and or_first:
+            return await self.first()
         if name is None:
             raise BadRequest(
                 f"No served model can {_VERB[capability]}.",
@@ -316,9 +198,10 @@ class Registry:
         of the models seen able at a load (loaded now or before), else the first model in
         config order never loaded yet that turns out able once loaded (each one looked at
         and unable is given back). Kept as the default from then on."""
-        seen = [self._seen[n] for n in self._order if n in self._seen]
+        visible = [n for n in self._order if self.visible(n)]
+        seen = [self._seen[n] for n in visible if n in self._seen]
         name = _best(seen, capability)
-        for candidate in [] if name is not None else self._order:
+        for candidate in [] if name is not None else visible:
             if candidate in self._seen:
                 continue  # its abilities are known: it cannot
             entry = await self.resolve(candidate)  # the only way to learn what it can do
@@ -327,7 +210,7 @@ class Registry:
                 break
             if self.pool is not None:
                 self.pool.give_back(candidate)
-        if name is not None:
+        if name is not None and len(visible) == len(self._order):  # not one key's view
             name = self._defaults.setdefault(capability, name)
         return name
 
@@ -341,7 +224,7 @@ class Registry:
         param = "model_index"
         if index is None:
             at = self._order[position] if position < len(self._order) else None
-            if at is not None:
+            if at is not None and self.visible(at):
                 entry = await self.resolve(at)
                 if capability in entry.capabilities:
                     return entry
@@ -367,7 +250,9 @@ class Registry:
         return await self.require(self._order[index], capability)
 
     def _listing(self) -> str:
-        return ", ".join(f"{i}={n}" for i, n in enumerate(self._order))
+        """The positions and names the caller may see (another key's models stay unnamed)."""
+        shown = [f"{i}={n}" for i, n in enumerate(self._order) if self.visible(n)]
+        return ", ".join(shown) or "no model this key may use"
 
 
 def _best(entries: Sequence[ModelEntry], capability: Capability) -> str | None:

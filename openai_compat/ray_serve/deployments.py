@@ -36,7 +36,9 @@ class ModelServer:
         cpus.apply_to_torch(threads)
         memory.freeze_imports()
         self.registry = Registry([config])
-        self.entry: ModelEntry = await ModelLoader(self.registry, settings.exports())(config)
+        self.entry: ModelEntry = await ModelLoader(
+            self.registry, settings.exports(), settings.max_multivector_values
+        )(config)
         self.registry.add(self.entry)
         # This replica's own metrics (engine queue, inputs, in flight, load time), exported
         # through Ray's metrics agent with its deployment and replica tags (ray_serve/metrics.py)

@@ -5,9 +5,14 @@ and refills continuously (limit / 60 per second): a burst up to the limit, then 
 rate. A request takes one from the requests bucket when it is admitted; its input tokens
 (counted as `usage` counts them) are taken from the tokens bucket: before the model runs where
 they are counted first (embeddings), else when the answer is made. A bucket that is empty
-refuses with 429 `rate_limit_exceeded` and `Retry-After`. A request whose tokens exceed the
-whole `tpm` is refused as such (waiting would never help). Every answer to a key with limits
-carries OpenAI's `x-ratelimit-*` headers.
+refuses with 429 `rate_limit_exceeded` (type `requests` or `tokens`, as OpenAI types them)
+and `Retry-After`. A request whose tokens exceed the whole `tpm` is refused as OpenAI refuses
+it ("Request too large ...", no Retry-After: waiting would never help). Every answer to a key
+with limits carries OpenAI's `x-ratelimit-*` headers.
+
+A Batch API line (a background caller) is never refused for its owner's rate: it waits until
+the owner's buckets hold its request and its tokens, then runs (live requests of the same key
+take what is there meanwhile: a client waits for those).
 
 State is per key name, so it survives a reload of the keys file (a changed limit applies from
 then on) and is shared by every route and dialect. The clock is injectable (tests).
@@ -15,9 +20,10 @@ then on) and is shared by every route and dialect. The clock is injectable (test
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -25,9 +31,10 @@ from openai_compat.errors import RateLimited
 from openai_compat.tenants.keys import Key
 
 Clock = Callable[[], float]
-# The code of the 429 for a request larger than a key's whole tpm: retrying cannot help (a
+Sleep = Callable[[float], Awaitable[None]]
+# How OpenAI's 429 for a request larger than a key's whole tpm begins: retrying cannot help (a
 # Batch API line with it fails instead of waiting; batch/lines.py).
-TOO_LARGE = "request_too_large"
+TOO_LARGE = "Request too large"
 
 
 def duration(seconds: float) -> str:
@@ -100,14 +107,20 @@ def _follow(bucket: Bucket | None, limit: int | None, now: float) -> Bucket | No
 class Limiter:
     clock: Clock = time.monotonic
     uses: dict[str, KeyUse] = field(default_factory=dict)
+    sleep: Sleep = asyncio.sleep
+    # one key's waiting background callers, first come first served (each waits for its own
+    # amount; a later one never takes what an earlier one is waiting for)
+    _queues: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     def use(self, key: Key) -> KeyUse:
         use = self.uses.setdefault(key.name, KeyUse())
         use.follow(key, self.clock())
         return use
 
-    def admit(self, key: Key) -> None:
-        """Take one request (rpm) and a place in flight (max_concurrent), or 429."""
+    def admit(self, key: Key, *, spends_tokens: bool = True) -> None:
+        """Take one request (rpm) and a place in flight (max_concurrent), or 429. An empty
+        tokens bucket refuses too where the request spends tokens (not a batch's or a file's
+        state; not a background caller, whose tokens wait in `reserve_waiting`)."""
         use = self.use(key)
         now = self.clock()
         if key.max_concurrent is not None and use.inflight >= key.max_concurrent:
@@ -116,7 +129,7 @@ class Limiter:
                 f"{key.max_concurrent}); retry when one finishes.",
                 headers={"Retry-After": "1"},
             )
-        if use.tokens is not None:
+        if use.tokens is not None and spends_tokens:
             use.tokens.refill(now)
             if use.tokens.level < 1:
                 raise _over(key, "tokens", use.tokens.wait(1))
@@ -126,6 +139,23 @@ class Limiter:
                 raise _over(key, "requests", use.requests.wait(1))
             use.requests.level -= 1
         use.inflight += 1
+
+    async def admit_waiting(self, key: Key) -> None:
+        """A background caller's admission: waits for the requests bucket instead of a 429
+        (max_concurrent still refuses: the runner tries that line again)."""
+        async with self._queue(key):
+            while True:
+                use = self.use(key)
+                if use.requests is None:
+                    break
+                use.requests.refill(self.clock())
+                if use.requests.level >= 1:
+                    break
+                await self.sleep(max(use.requests.wait(1), MIN_WAIT_S))
+            self.admit(key, spends_tokens=False)
+
+    def _queue(self, key: Key) -> asyncio.Lock:
+        return self._queues.setdefault(key.name, asyncio.Lock())
 
     def release(self, key: Key) -> None:
         use = self.uses.get(key.name)
@@ -139,17 +169,30 @@ class Limiter:
         bucket = use.tokens
         if bucket is None or tokens <= 0:
             return
-        if tokens > bucket.limit:  # waiting never helps: no Retry-After, a code of its own
-            raise RateLimited(
-                f"This request has {tokens} input tokens, more than key {key.name!r}'s whole "
-                f"limit of {bucket.limit} tokens per minute (type tokens); split it.",
-                param="input",
-                code=TOO_LARGE,
-            )
+        _check_fits(key, bucket, tokens)
         bucket.refill(self.clock())
         if bucket.level < tokens:
             raise _over(key, "tokens", bucket.wait(tokens), tokens)
         bucket.level -= tokens
+
+    async def reserve_waiting(self, key: Key, tokens: int) -> None:
+        """A background caller's `reserve`: waits until the bucket holds `tokens`, then
+        takes them (429 only for more than the whole tpm, which waiting never cures)."""
+        bucket = self.use(key).tokens
+        if bucket is None or tokens <= 0:
+            return
+        _check_fits(key, bucket, tokens)
+        async with self._queue(key):
+            while True:
+                bucket = self.use(key).tokens
+                if bucket is None:  # the limit went away in a reload
+                    return
+                _check_fits(key, bucket, tokens)
+                bucket.refill(self.clock())
+                if bucket.level >= tokens:
+                    bucket.level -= tokens
+                    return
+                await self.sleep(max(bucket.wait(tokens), MIN_WAIT_S))
 
     def charge(self, key: Key, tokens: int) -> None:
         """Take tokens counted after the answer (may leave the bucket below zero)."""
@@ -157,6 +200,14 @@ class Limiter:
         if bucket is not None and tokens > 0:
             bucket.refill(self.clock())
             bucket.level -= tokens
+
+    def refund(self, key: Key, tokens: int) -> None:
+        """Give back tokens taken before the model ran that it did not run (a provisional
+        reservation above the engine's own count, or a request refused after reserving)."""
+        bucket = self.use(key).tokens
+        if bucket is not None and tokens > 0:
+            bucket.refill(self.clock())
+            bucket.level = min(float(bucket.limit), bucket.level + tokens)
 
     def headers(self, key: Key) -> list[tuple[bytes, bytes]]:
         """OpenAI's x-ratelimit-* headers for a key with limits."""
@@ -178,14 +229,34 @@ class Limiter:
         return out
 
 
+# The shortest sleep of a waiting background caller (a bucket's own estimate can be ~0).
+MIN_WAIT_S = 0.05
+
+
+def _check_fits(key: Key, bucket: Bucket, tokens: int) -> None:
+    """OpenAI's 429 for a request larger than the whole tpm: type tokens, code
+    rate_limit_exceeded, no Retry-After (what SDKs and dashboards key on)."""
+    if tokens > bucket.limit:
+        error = RateLimited(
+            f"{TOO_LARGE} for key {key.name!r} on tokens per min (TPM): Limit "
+            f"{bucket.limit}, Requested {tokens}. The input tokens must be reduced (split the "
+            "request) in order to run successfully.",
+            param="input",
+        )
+        error.type = "tokens"
+        raise error
+
+
 def _over(key: Key, kind: str, wait: float, asked: int | None = None) -> RateLimited:
     limit = key.rpm if kind == "requests" else key.tpm
     asked_text = f" ({asked} asked)" if asked is not None else ""
-    return RateLimited(
+    error = RateLimited(
         f"Rate limit reached for key {key.name!r} on {kind} per minute: limit {limit}"
         f"{asked_text}. Please try again in {duration(wait)}.",
         headers={"Retry-After": str(max(1, math.ceil(wait)))},
     )
+    error.type = kind  # OpenAI's type for a rate limit: "requests" or "tokens"
+    return error
 
 
 @dataclass
@@ -195,18 +266,23 @@ class Caller:
     key: Key
     limiter: Limiter
     reserved_tokens: int = 0  # tokens taken before the model ran (the rest: at the end)
+    background: bool = False  # a Batch API line: waits for its owner's budget, never refused
 
 
 # The caller of the request being served (set by the gateway; None: no keys, or an open path).
 current: ContextVar[Caller | None] = ContextVar("openai_compat_caller", default=None)
 
 
-def reserve_tokens(tokens: int) -> None:
-    """Inference calls this where it has counted a request's tokens before the model runs."""
+async def reserve_tokens(tokens: int) -> None:
+    """Inference calls this where it has counted a request's tokens before the model runs: a
+    live caller is refused (429) past what is left, a background one waits for it."""
     caller = current.get()
     if caller is None or caller.key.tpm is None:
         return
-    caller.limiter.reserve(caller.key, tokens)
+    if caller.background:
+        await caller.limiter.reserve_waiting(caller.key, tokens)
+    else:
+        caller.limiter.reserve(caller.key, tokens)
     caller.reserved_tokens += tokens
 
 

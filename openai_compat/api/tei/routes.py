@@ -76,8 +76,11 @@ async def _embed(
     return done
 
 
-async def tei_embed(request: Request, body: TeiEmbedRequest) -> Response:
-    entry = await _model(request, "embed")
+async def tei_embed(
+    request: Request, body: TeiEmbedRequest, entry: ModelEntry | None = None
+) -> Response:
+    """TEI's /embed on the default embedder, or on `entry` (POST / serves its model)."""
+    entry = entry or await _model(request, "embed")
     if not body.normalize:
         check_raw_output(entry)
     result = await _embed(request, entry, body, body.dimensions)
@@ -113,8 +116,11 @@ async def _embed_sparse(
     )
 
 
-async def tei_rerank(request: Request, body: TeiRerankRequest) -> Response:
-    entry = await _model(request, "rerank")
+async def tei_rerank(
+    request: Request, body: TeiRerankRequest, entry: ModelEntry | None = None
+) -> Response:
+    """TEI's /rerank on the default reranker, or on `entry` (POST / serves its model)."""
+    entry = entry or await _model(request, "rerank")
     settings = settings_of(request)
     docs = body.texts
     if body.truncation_direction.lower() == "left" and entry.counter is not None:
@@ -181,7 +187,10 @@ def _tei_tokens(row: list[Any], text: str) -> list[dict[str, Any]]:
 )
 async def predict(request: Request) -> Response:
     """TEI: classify a text, a [text, text] pair, or a list of texts and pairs."""
-    entry = await _model(request, "classify")
+    return await _predict(request, await _model(request, "classify"))
+
+
+async def _predict(request: Request, entry: ModelEntry) -> Response:
     settings = settings_of(request)
     body = await read_body(request, TeiPredictRequest)
     raw = body.inputs
@@ -238,13 +247,9 @@ async def info(request: Request) -> Response:
     """TEI: what the default model is and the limits requests meet."""
     set_family(request, "tei")
     registry, settings = ready_registry(request), settings_of(request)
-    loaded = registry.entries()
-    # resolved, not read off the listing: the request holds the model while it looks at it
-    entry = (
-        await registry.resolve(loaded[0].name)
-        if loaded
-        else await registry.default("embed", or_first=True)
-    )
+    # the first model the caller may see, resolved (scope, lease, lazy load), never read off
+    # the registry's listing
+    entry = await registry.first()
     if "embed" in entry.capabilities and not entry.multivector:
         entry = await registry.default("embed")
         model_type: dict[str, Any] = {"embedding": {"pooling": "mean"}}
@@ -282,12 +287,12 @@ async def info(request: Request) -> Response:
 async def root(request: Request) -> Response:
     """TEI: POST / does what the (default) model does: embed, rerank or predict."""
     set_family(request, "tei")
-    registry = ready_registry(request)
-    first = registry.entries()[0]
+    # resolved like every route's model (scope, lease, lazy load): the first the caller sees
+    first = await ready_registry(request).first()
     if first.sparse:
         return await _embed_sparse(request, first, await read_body(request, TeiEmbedSparseRequest))
     if "embed" in first.capabilities and not first.multivector:
-        return await tei_embed(request, await read_body(request, TeiEmbedRequest))
+        return await tei_embed(request, await read_body(request, TeiEmbedRequest), first)
     if "rerank" in first.capabilities:
-        return await tei_rerank(request, await read_body(request, TeiRerankRequest))
-    return await predict(request)
+        return await tei_rerank(request, await read_body(request, TeiRerankRequest), first)
+    return await _predict(request, ready_registry(request).check(first, first.name, "classify"))
