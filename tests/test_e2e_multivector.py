@@ -37,7 +37,9 @@ def colbert_path(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> 
 
 @pytest.fixture(scope="module")
 def colbert_server(colbert_path: Path) -> Iterator[RemoteServer]:
-    with RemoteServer(["--model", f"colbert={colbert_path}"]) as srv:
+    # 100k values: 260 token vectors of 384 (test_a_request_past_the_output_bound...)
+    args = ["--model", f"colbert={colbert_path}", "--max-multivector-values", "100000"]
+    with RemoteServer(args) as srv:
         yield srv
 
 
@@ -123,3 +125,23 @@ def test_rerank_is_maxsim_over_the_models_token_vectors(
     assert "multi-vector" in error["message"] and "it can: embed, rerank" in error["message"]
     card = httpx.get(colbert_server.base_url + "/models/colbert").json()
     assert card["capabilities"] == ["embed", "rerank"]
+
+
+def test_a_request_past_the_output_bound_is_a_400_before_any_work(
+    colbert_server: RemoteServer,
+) -> None:
+    """One vector per token: 40 inputs of 12 tokens would be 480 x 384 = 184,320 values,
+    past the server's 100,000 (the issue's 0.32 MB request made a 295 MB answer). Refused
+    from the token counts with a 400 naming the limit; the same bound holds for inputs the
+    exact cache answers (they are served, not computed)."""
+    url = colbert_server.base_url + "/embeddings"
+    words = [f"w{i} alpha beta gamma delta epsilon zeta eta theta" for i in range(40)]
+    refused = httpx.post(url, json={"model": "colbert", "input": words})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "output_too_large" and "max_multivector_values" in error["message"]
+    assert "100000" in error["message"]
+    half = httpx.post(url, json={"model": "colbert", "input": words[:20]})  # 92,160: served
+    assert half.status_code == 200 and sum(d["shape"][0] for d in half.json()["data"]) == 240
+    again = httpx.post(url, json={"model": "colbert", "input": words[:20] * 2})  # cache hits
+    assert again.status_code == 400 and again.json()["error"]["code"] == "output_too_large"

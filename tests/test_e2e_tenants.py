@@ -437,3 +437,23 @@ def test_a_flooding_key_does_not_hold_back_another_on_a_slow_engine(tmp_path: Pa
 
 
 QUEUED = 'openai_compat_queued_inputs{model="debug"}'
+
+
+def test_late_chunking_and_text_pairs_are_charged_before_the_model_runs(
+    srv: RemoteServer,
+) -> None:
+    """Every path takes a key's tokens before the model runs: late chunking (it tokenized but
+    never reserved) and TEI's /predict on pairs (counted after the logits) were free, so a
+    tpm of 200 passed 11,712 tokens in one request."""
+    words = "word " * 30  # 32 tokens with [CLS] and [SEP]: two of them are 64 > 40
+    late = {"model": "minilm", "input": [words, words], "long_input": "late", "chunk_tokens": 8}
+    over = post(srv, "/v1/embeddings", "tokens-key", late)
+    assert over.status_code == 429 and "Request too large" in over.text, over.text
+    pairs = {"inputs": [[words, words]]}  # one pair: 62 tokens
+    over = post(srv, "/predict", "tokens-key", pairs)
+    assert over.status_code == 429 and "Request too large" in over.text, over.text
+    # a chunk size near 2**63 is one chunk of the document, not a 500 (numpy overflow)
+    huge = {**late, "input": "a few words", "chunk_tokens": 2**63 - 1}
+    answer = post(srv, "/v1/embeddings", "scoped-key", huge)
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["data"][0]["chunks"]) == 1
