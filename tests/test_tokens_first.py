@@ -90,6 +90,9 @@ async def test_text_pairs_are_charged_before_the_model_runs(
         await scoring.classify_pairs(entry, [(long, long)], SETTINGS, raw_scores=False)
     assert engine.calls == [] and caller.reserved_tokens == 0
     labels, tokens = await scoring.classify_pairs(entry, [("a", "b")], SETTINGS, raw_scores=False)
+    assert labels == [
+        [("a", pytest.approx(0.7311, abs=1e-4)), ("b", pytest.approx(0.2689, abs=1e-4))]
+    ]
     assert tokens == 5 and caller.reserved_tokens == 5 and engine.calls == ["logits"]
 
 
