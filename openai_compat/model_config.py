@@ -295,7 +295,9 @@ def parse_duration(value: Any, what: str) -> Any:
     """Seconds as a number, or a duration string as Ollama's keep_alive takes ('90s', '5m',
     '1h30m', '-1'); any negative value means forever (-1.0). Other types pass through for
     pydantic to refuse."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    if isinstance(value, bool):  # JSON true is no number of seconds (pydantic would say 1)
+        raise ValueError(f"{what} must be seconds or a duration like '5m', not a boolean")
+    if not isinstance(value, (int, float, str)):
         return value
     if isinstance(value, str):
         text = value.strip().lower()

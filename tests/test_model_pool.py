@@ -553,3 +553,46 @@ async def test_lazy_models_serve_the_routes_that_name_no_model() -> None:
         assert (await c.post("/admin/models/first/unload", headers=ADMIN)).status_code == 200
         again = await c.post("/embed", json={"inputs": "ab"})  # loads its default again
         assert again.status_code == 200 and again.json() == [[2.0] * 13]
+
+
+async def test_a_request_never_unloads_an_eager_model_nor_a_key_without_the_right(
+    tmp_path: Any,
+) -> None:
+    """Any key's keep_alive 0 unloaded a shared model (the eager default too): another key's
+    next request then paid a reload. An eager model stays; a keys-file key needs
+    set_keep_alive = true (403 otherwise); a granted key still unloads a lazy model."""
+    import hashlib
+
+    keys = tmp_path / "keys.toml"
+    keys.write_text(
+        "".join(
+            f'[[keys]]\nname = "{n}"\nkey_sha256 = "{hashlib.sha256(n.encode()).hexdigest()}"\n'
+            + ("set_keep_alive = true\n" if n == "ops" else "")
+            + "\n"
+            for n in ("user", "ops")
+        )
+    )
+    settings = _settings(_debug("eager"), _debug("kept", load="lazy"), keys_file=keys)
+    async with app_client(settings) as c:
+
+        async def embed(model: str, key: str, **extra: Any) -> httpx.Response:
+            body = {"model": model, "input": "abc", **extra}
+            return await c.post("/v1/embeddings", json=body, headers={"Authorization": key})
+
+        refused = await embed("kept", "Bearer user", keep_alive=0)
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["param"] == "keep_alive"
+        assert "set_keep_alive = true" in refused.json()["error"]["message"]
+        assert (await embed("eager", "Bearer ops", keep_alive=0)).status_code == 200
+        assert (await embed("kept", "Bearer ops", keep_alive=0)).status_code == 200
+        await _until(lambda: _state_is(c, "kept", "unloaded"), "kept unloaded")
+        await asyncio.sleep(0.2)  # an eager model's unload would have been planned at once
+        assert (await _states(c))["eager"]["state"] == "loaded"
+        assert (await _states(c))["eager"]["idle_unload_in"] is None
+
+
+async def test_a_boolean_keep_alive_is_a_400() -> None:
+    async with app_client(_settings(_debug("m"))) as c:
+        r = await _embed(c, "m", "x", keep_alive=True)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "keep_alive"
+        assert "not a boolean" in r.json()["error"]["message"]

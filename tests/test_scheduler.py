@@ -475,3 +475,43 @@ def test_the_preparation_queue_takes_keys_in_fair_order() -> None:
         job.result(5)
     prep.shutdown()
     assert order == ["b0", "a0", "a1", "a2", "a3", "a4"]
+
+
+async def test_a_key_that_drops_its_inputs_is_not_charged_for_them() -> None:
+    """Key A abandons a 256-input request (an SDK timeout) while key B floods; A's next
+    one-input request is served among B's next batches, not after B's flood as if A's
+    dropped inputs had run (its finish tag moved back by their share)."""
+    async with held(8) as (runner, s, first):
+        abandoned = asyncio.create_task(
+            s.submit([f"x{i}" for i in range(256)], [1] * 256, tenant="A")
+        )
+        flood = asyncio.create_task(s.submit([f"b{i}" for i in range(256)], [1] * 256, tenant="B"))
+        await until(lambda: s.waiting() == 512)
+        abandoned.cancel()
+        await until(lambda: s.waiting() == 256)  # withdrawn at once, not at formation
+        after = asyncio.create_task(s.submit(["a-next"], [1], tenant="A"))
+        await until(lambda: s.waiting() == 257)
+        runner.release.set()
+        await asyncio.gather(first, flood, after)
+    batches = runner.batches[1:]
+    served_in = next(i for i, b in enumerate(batches) if "a-next" in b)
+    assert served_in <= 1, served_in  # charged for the 256 it dropped: batch 32 of 33
+    assert s.stats.dropped_inputs == 256
+    assert not any(str(x).startswith("x") for b in batches for x in b)
+
+
+def test_a_cancelled_preparation_job_is_not_charged_to_its_key() -> None:
+    from openai_compat.engine.prep import FairPrep
+
+    prep = FairPrep("t")
+    gate, order = threading.Event(), []
+    held_job = prep.submit("A", 1.0, 1, gate.wait, 5)  # holds the thread
+    dropped = prep.submit("A", 1.0, 1000, order.append, "dropped")
+    floods = [prep.submit("B", 1.0, 16, order.append, f"b{i}") for i in range(3)]
+    assert dropped.cancel()
+    kept = prep.submit("A", 1.0, 16, order.append, "a")  # not behind 1000 of A's
+    gate.set()
+    for job in [held_job, *floods, kept]:
+        job.result(5)
+    prep.shutdown()
+    assert order == ["b0", "a", "b1", "b2"]

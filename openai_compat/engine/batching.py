@@ -39,6 +39,26 @@ def tag_of(slot: Slot) -> float:
     return slot.order
 
 
+def withdraw(
+    queue: list[Slot], call: Call, tenant: str, share: float, vtime: float
+) -> tuple[int, float]:
+    """Take a departed call's queued inputs out of `queue` (kept in tag order); its tenant's
+    inputs queued after them move back by their share (never before `vtime`). Returns how
+    many left and that share (the tenant's finish tag moves back by it too)."""
+    mine = [s for s in queue if s.call is call]
+    if not mine:
+        return 0, 0.0
+    back = sum(s.cost for s in mine) / share
+    after = max(s.order for s in mine)
+    kept = [s for s in queue if s.call is not call]
+    for slot in kept:
+        if slot.tenant == tenant and slot.order > after:
+            slot.order = max(vtime, slot.order - back)
+    kept.sort(key=tag_of)
+    queue[:] = kept
+    return len(mine), back
+
+
 @dataclass
 class BatchStats:
     """What the forward thread has done (/metrics: openai_compat_forward_seconds_total ...)."""

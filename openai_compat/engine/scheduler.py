@@ -60,6 +60,7 @@ from openai_compat.engine.batching import (
     form_batch,
     resolve,
     tag_of,
+    withdraw,
 )
 from openai_compat.engine.threads import ThreadTuner
 
@@ -215,7 +216,23 @@ class Scheduler:
                 tag += slot.cost / share
             finish[tenant] = tag
             self._cond.notify()
-        return await call.future
+        try:
+            return await call.future
+        except asyncio.CancelledError:
+            self._withdraw(call, background, tenant, share)
+            raise
+
+    def _withdraw(self, call: Call, background: bool, tenant: str, share: float) -> None:
+        """A caller gone before its inputs ran (an SDK's timeout): they leave the queue, and
+        its key's tags move back by their share (not charged for work it dropped)."""
+        with self._cond:
+            queue = self._background if background else self._live
+            vtime = self._vtime[background]
+            dropped, back = withdraw(queue, call, tenant, share, vtime)
+            finish = self._finish[background]
+            if dropped and tenant in finish:
+                finish[tenant] = max(vtime, finish[tenant] - back)
+            self.stats.dropped_inputs += dropped
 
     def stop(self, timeout: float = 10.0) -> None:
         """Fail what is queued, let the running batch finish, end the thread."""

@@ -16,9 +16,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from openai_compat.errors import BadRequest, ServiceUnavailable
+from openai_compat.errors import BadRequest, Forbidden, ServiceUnavailable
 from openai_compat.models import memory
 from openai_compat.settings import ModelConfig
+from openai_compat.tenants.limits import current as current_caller
 
 State = Literal["unloaded", "loading", "loaded", "unloading", "failed"]
 # A forced unload cancels the handlers holding the model with this message: 503 for them.
@@ -158,7 +159,8 @@ def request_leases() -> Iterator[RequestHold]:
     finally:
         REQUEST_LEASES.reset(token)
         for lease in hold.leases:
-            if hold.keep_alive is not None:
+            # an eager model is the server's standing set: a request never unloads it
+            if hold.keep_alive is not None and lease.slot.config.load != "eager":
                 lease.slot.keep_alive_next = hold.keep_alive
             lease.release()
 
@@ -220,11 +222,21 @@ def load_failed(slot: Slot, *, detail: bool = False) -> ServiceUnavailable:
 
 
 def set_keep_alive(seconds: float | None) -> None:
-    """A request's own keep_alive (Ollama's): how long its models stay once idle after it
-    (read_body calls this for every body that declares the field)."""
+    """A request's own keep_alive (Ollama's): how long its lazy models stay once idle after
+    it (read_body calls this for every body that declares the field). A keys-file key needs
+    `set_keep_alive = true` (403 otherwise): its keep_alive would unload a model that other
+    keys share, and cost their next request a reload."""
     hold = REQUEST_LEASES.get()
-    if seconds is not None and hold is not None:
-        hold.keep_alive = seconds
+    if seconds is None or hold is None:
+        return
+    caller = current_caller.get()
+    if caller is not None and not caller.key.set_keep_alive:
+        raise Forbidden(
+            f"Key {caller.key.name!r} may not set keep_alive: models are shared by every key "
+            "(the keys file's set_keep_alive = true grants it). Leave keep_alive out.",
+            param="keep_alive",
+        )
+    hold.keep_alive = seconds
 
 
 def raise_if_unloaded(exc: BaseException) -> None:

@@ -35,6 +35,7 @@ _FIELDS = {
     "batch",
     "admin",
     "expires",
+    "set_keep_alive",
 }
 
 
@@ -55,6 +56,9 @@ class Key:
     weight: float = 1.0
     batch: bool = True
     admin: bool = False
+    # may send keep_alive (Ollama's, our extension): one key's keep_alive would unload a
+    # model every key shares, so keys-file keys need it granted; --api-key keys have it
+    set_keep_alive: bool = False
     expires: datetime | None = None
     plain: bool = False  # written in the file as `key` (a start-up warning says so)
 
@@ -77,7 +81,7 @@ def digest_of(token: bytes | str) -> bytes:
 
 def api_keys(keys: Iterable[str]) -> list[Key]:
     """--api-key's keys: every model, no limits, one shared name."""
-    return [Key(API_KEY_NAME, digest_of(k)) for k in keys]
+    return [Key(API_KEY_NAME, digest_of(k), set_keep_alive=True) for k in keys]
 
 
 class KeyRing:
@@ -178,7 +182,7 @@ def _key(table: Any) -> Key:
     weight = table.get("weight", 1)
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= 1000:
         raise ValueError("weight must be a number in (0, 1000]")
-    for flag in ("batch", "admin"):
+    for flag in ("batch", "admin", "set_keep_alive"):
         if flag in table and not isinstance(table[flag], bool):
             raise ValueError(f"{flag} must be true or false")
     return Key(
@@ -191,6 +195,7 @@ def _key(table: Any) -> Key:
         weight=float(weight),
         batch=table.get("batch", True),
         admin=table.get("admin", False),
+        set_keep_alive=table.get("set_keep_alive", False),
         expires=_expires(table["expires"]) if "expires" in table else None,
         plain=plain is not None,
     )
