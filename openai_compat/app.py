@@ -103,7 +103,7 @@ def create_app(
             on_loaded=partial(_loaded, registry),
         )
     if settings.cache_bytes and registry.cache is None:
-        registry.cache = EmbeddingCache(settings.cache_bytes)
+        registry.cache = EmbeddingCache(settings.cache_bytes, per_key=settings.cache_scope == "key")
     settings.default_models()  # a malformed --default-model stops start-up here
     lifecycle = Lifecycle()
     bodies = BodyParser()

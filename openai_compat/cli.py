@@ -22,8 +22,9 @@ def _flag(name: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="openai-compat",
-        description="OpenAI- and Cohere-compatible server for embedding, rerank and "
-        "classify models on infinity-emb.",
+        description="A server for embedding, rerank, classify, CLIP/CLAP and multi-vector "
+        "models (sentence-transformers 6) that the OpenAI, Cohere, TEI, infinity-emb, vLLM "
+        "and Jina clients use unchanged.",
     )
     parser.add_argument("--version", action="version", version=f"openai-compat {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -93,13 +94,28 @@ def build_parser() -> argparse.ArgumentParser:
         default="EveryNode",
         help="where Ray Serve's HTTP proxies run (--host/--port on each)",
     )
-    for target in (serve, download, batch):
-        _add_settings_flags(target)
+    _add_settings_flags(serve)
+    _add_settings_flags(download, DOWNLOAD_FLAGS)
+    _add_settings_flags(batch, set(cli_fields()) - SERVER_ONLY_FLAGS)
     return parser
 
 
-def _add_settings_flags(serve: argparse.ArgumentParser) -> None:
+# What `download` reads: the models and where exports go.
+DOWNLOAD_FLAGS = {"model", "alias", "config", "log_level", "export_dir"}
+# The HTTP server's own options, which `batch` (no server: its lines run in-process) ignores.
+SERVER_ONLY_FLAGS = {
+    *("host", "port", "api_key", "keys_file", "admin_key", "protect_docs_and_metrics"),
+    *("forwarded_allow_ips", "otel", "access_log", "graceful_timeout", "max_body_bytes"),
+    *("max_load_waiters", "load_wait_timeout", "max_queued_inputs", "cache_scope"),
+    *("data_dir", "batch_max_file_bytes", "batch_max_data_bytes", "batch_min_free_bytes"),
+    *("max_loaded_models", "memory_budget"),
+}
+
+
+def _add_settings_flags(serve: argparse.ArgumentParser, only: set[str] | None = None) -> None:
     for name, field in cli_fields().items():
+        if only is not None and name not in only:
+            continue
         annotation = field.annotation
         extra = field.json_schema_extra or {}
         envs = " or ".join([env_name(name), *extra.get("env", [])])

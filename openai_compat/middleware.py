@@ -44,7 +44,8 @@ access_logger = logging.getLogger("openai_compat.access")
 
 # Probes stay answerable while draining, need no key and are not counted as work.
 PROBE_PATHS = frozenset({"/health", "/ready"})
-DOC_PATHS = frozenset({"/metrics", "/docs", "/redoc", "/openapi.json"})
+METRICS_PATH = "/metrics"
+DOC_PATHS = frozenset({METRICS_PATH, "/docs", "/redoc", "/openapi.json"})
 # The playground's static page and assets, and GET / that links to it: they hold no data (the
 # page asks for the key and sends it with its API calls), so a browser can always load them.
 UPLOAD_PATHS = frozenset({"/v1/files", "/files"})
@@ -107,6 +108,11 @@ class GatewayMiddleware:
         self.admin_keys = [settings.admin_key.encode()] if settings.admin_key else []
         protect = settings.protect_docs_and_metrics
         self.open_paths = PROBE_PATHS if protect else PROBE_PATHS | DOC_PATHS
+        # With a keys file and no word either way, /metrics (its series name every key and
+        # model, and its cache counters tell one key what another embedded) is an admin's
+        self.admin_metrics = protect is None and settings.keys_file is not None
+        if self.admin_metrics:
+            self.open_paths = self.open_paths - {METRICS_PATH}
         self.max_body = settings.max_body_bytes
         # File uploads have their own cap (the file, plus room for the multipart framing).
         self.max_upload = settings.batch_max_file_bytes + 1024 * 1024
@@ -258,6 +264,8 @@ class GatewayMiddleware:
     ) -> tuple[str, APIError] | None:
         if path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"):
             return self._refuse_admin(scope, key_box)
+        if path == METRICS_PATH and self.admin_metrics:
+            return self._refuse_non_admin(scope, key_box)
         page = path in PAGE_PATHS or path.startswith(DOC_ASSETS_PREFIX)
         open_page = page and scope["method"] in ("GET", "HEAD")
         if self.tenants.enabled and path not in self.open_paths and not open_page:
@@ -307,6 +315,18 @@ class GatewayMiddleware:
         return "unauthorized", Unauthorized(
             "Incorrect or missing admin key: send 'Authorization: Bearer <admin key>'.",
             headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    def _refuse_non_admin(
+        self, scope: Scope, key_box: list[Key | None]
+    ) -> tuple[str, APIError] | None:
+        """/metrics under a keys file: the admin key, or a keys-file key with admin = true."""
+        refusal = self._refuse_admin(scope, key_box)
+        if refusal is None or (refusal[0] == "unauthorized" and self._identify(scope) is None):
+            return refusal
+        return "forbidden", Forbidden(
+            "With a keys file /metrics is an admin's (--admin-key, or a key with admin = true; "
+            "--no-protect-docs-and-metrics opens it): its series name every key and model."
         )
 
     def _too_large(self, cap: int | None = None) -> PayloadTooLarge:

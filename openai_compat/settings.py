@@ -102,6 +102,12 @@ class Settings(BaseModel):
     )
     max_rerank_documents: int = _opt(10000, "Most documents one rerank request may carry.", ge=1)
     cache_bytes: int = _opt(128 * 2**20, "Exact embedding cache (bytes; 0 = off).", ge=0)
+    cache_scope: Literal["key", "shared"] = _opt(
+        "key",
+        "With keys: 'key' gives each key its own cached vectors (no key can tell from a fast "
+        "answer that another embedded a text); 'shared' lets every key reuse every key's "
+        "(more hits, but a cross-key oracle).",
+    )
     max_loaded_models: int = _opt(
         0, "Most models loaded at once; the least recently used idle one goes (0: no cap).", ge=0
     )
@@ -155,8 +161,11 @@ class Settings(BaseModel):
         "max_concurrent, weight, batch, admin, expires (docs/operations.md). Reloaded on SIGHUP "
         "and when it changes; --api-key keys stay valid beside it.",
     )
-    protect_docs_and_metrics: bool = _opt(
-        False, "Require the API key on /metrics, /docs and /openapi.json too."
+    protect_docs_and_metrics: bool | None = _opt(
+        None,
+        "true: require the API key on /metrics, /docs and /openapi.json too; false: all open. "
+        "Unset: open, except /metrics with a keys file (an admin's key then: its per-key "
+        "series name every key and model).",
     )
     max_queued_inputs: int = _opt(
         8192,

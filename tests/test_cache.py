@@ -158,3 +158,36 @@ async def test_concurrent_requests_share_one_computation_of_a_text() -> None:
     (vectors, usage) = await staying
     assert calls[-1] == ["again"] and vectors[0][0] == 5.0 and usage == 5
     assert not cache._flights  # nothing left behind
+
+
+async def test_with_keys_each_key_has_its_own_entries_unless_shared() -> None:
+    """One cache for every key was an oracle: key B's fast answer (and the hit counter) told
+    it that key A had embedded an exact text. Per key by default; `cache_scope = "shared"`
+    makes sharing an explicit choice."""
+    from openai_compat.tenants.keys import Key
+    from openai_compat.tenants.limits import Caller, Limiter, current
+
+    computed: list[list[str]] = []
+
+    async def compute(todo: list[str]) -> tuple[list[Any], int]:
+        computed.append(list(todo))
+        return [_vector(len(t)) for t in todo], len(todo)
+
+    async def as_key(cache: EmbeddingCache, name: str) -> None:
+        token = current.set(Caller(Key(name=name, digest=b"x" * 32), Limiter()))
+        try:
+            await cache.embed("m", ["secret text"], compute)
+        finally:
+            current.reset(token)
+
+    own = EmbeddingCache(max_bytes=1 << 20)
+    await as_key(own, "A")
+    await as_key(own, "B")  # not A's entry: computed again
+    await as_key(own, "B")  # B's own entry: a hit
+    assert computed == [["secret text"], ["secret text"]]
+    assert (own.stats["m"].hits, own.stats["m"].misses) == (1, 2)
+    computed.clear()
+    shared = EmbeddingCache(max_bytes=1 << 20, per_key=False)
+    await as_key(shared, "A")
+    await as_key(shared, "B")
+    assert computed == [["secret text"]]

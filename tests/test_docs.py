@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -75,3 +76,30 @@ def test_the_configuration_page_names_every_option() -> None:
         if f"`--{name.replace('_', '-')}" not in page or env_name(name) not in page
     ]
     assert missing == []
+    # and serve's own flags beside the settings (the Ray ones were missed)
+    from openai_compat.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    serve = commands.choices["serve"]
+    flags = {o for a in serve._actions for o in a.option_strings if o.startswith("--")}
+    assert "--ray-proxy-location" in flags
+    assert sorted(f for f in flags - {"--help"} if f not in page) == []
+
+
+def test_download_and_batch_list_only_the_options_they_read() -> None:
+    """`download --help` and `batch --help` listed ~45 server flags that do nothing there."""
+    from openai_compat.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+    def flags(command: str) -> set[str]:
+        actions = commands.choices[command]._actions
+        return {o for a in actions for o in a.option_strings if o.startswith("--")}
+
+    assert flags("download") == {"--help", "--model", "--alias", "--config", "--log-level",
+                                 "--export-dir"}  # fmt: skip
+    batch = flags("batch")
+    assert {"--model", "--config", "--ray-actors", "--max-inputs-per-request"} <= batch
+    assert not batch & {"--host", "--port", "--keys-file", "--api-key", "--data-dir"}

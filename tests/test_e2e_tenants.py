@@ -237,7 +237,11 @@ def test_permissions_for_batches_and_admin(srv: RemoteServer) -> None:
 
 def test_usage_by_key_in_metrics_and_the_access_log(srv: RemoteServer) -> None:
     post(srv, "/v1/embeddings", "scoped-key", {"model": "minilm", "input": ["a b c"]})
-    metrics = httpx.get(srv.url + "/metrics").text
+    # with a keys file /metrics is an admin's: its series name every key and model
+    assert httpx.get(srv.url + "/metrics").status_code == 401
+    refused = httpx.get(srv.url + "/metrics", headers=bearer("scoped-key"))
+    assert refused.status_code == 403 and "admin = true" in refused.json()["error"]["message"]
+    metrics = httpx.get(srv.url + "/metrics", headers=bearer("ops-key")).text
     assert 'openai_compat_key_requests_total{key="scoped",status="200"}' in metrics
     assert 'openai_compat_key_requests_total{key="requests",status="429"}' in metrics
     assert 'openai_compat_key_tokens_total{key="scoped"}' in metrics

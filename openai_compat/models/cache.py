@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from openai_compat.engine.usage import TokenIds, engine_token_count, length_estimate
+from openai_compat.tenants.limits import current as current_caller
 
 _ENTRY_OVERHEAD = 200  # bytes an entry costs beyond its vector (key, dict slot, object)
 
@@ -53,6 +54,8 @@ class CacheStats:
 @dataclass
 class EmbeddingCache:
     max_bytes: int
+    # each key its own entries (tenants: a hit would tell key B that key A embedded a text)
+    per_key: bool = True
     held: int = 0  # bytes held, all models
     stats: dict[str, CacheStats] = field(default_factory=dict)
     _items: OrderedDict[tuple[str, bytes], tuple[Any, int]] = field(default_factory=OrderedDict)
@@ -61,15 +64,17 @@ class EmbeddingCache:
     _flights: dict[tuple[str, bytes], asyncio.Future[Any]] = field(default_factory=dict)
 
     @staticmethod
-    def key(text: str, mode: str | None = None) -> bytes:
+    def key(text: str, mode: str | None = None, tenant: str | None = None) -> bytes:
         """A digest of what the engine is given: the text (or ids), and the mode (query or
-        document) of a model that embeds them apart."""
+        document) of a model that embeds them apart; with `tenant`, that key's own entry."""
         if isinstance(text, TokenIds):  # the ids, not their decoded text
             raw = b"ids:" + ",".join(map(str, text.ids)).encode()
         else:
             raw = b"text:" + text.encode("utf-8", "surrogatepass")
         if mode is not None:
             raw = b"mode:" + mode.encode() + b":" + raw
+        if tenant is not None:
+            raw = b"key:" + tenant.encode() + b"\x00" + raw
         return hashlib.blake2b(raw, digest_size=16).digest()
 
     def _stats(self, model: str) -> CacheStats:
@@ -120,11 +125,13 @@ class EmbeddingCache:
         waits for that answer: single flight). The usage returned is the engine's measure
         (tokens where its vectors carry them, else characters) over all the texts."""
         loop = asyncio.get_running_loop()
+        caller = current_caller.get() if self.per_key else None
+        tenant = caller.key.name if caller is not None else None  # the key's own entries
         out: list[Any] = [None] * len(texts)
         todo: dict[bytes, list[int]] = {}  # key -> the positions this request computes
         borrowed: dict[bytes, tuple[asyncio.Future[Any], list[int]]] = {}  # another's
         for i, text in enumerate(texts):
-            key = self.key(text, mode)
+            key = self.key(text, mode, tenant)
             if key in todo:  # a repeat inside this request: computed once
                 todo[key].append(i)
                 continue

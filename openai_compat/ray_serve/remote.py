@@ -243,7 +243,7 @@ async def remote_registry(settings: Settings, names: list[str], handles: Any) ->
     cl100k = await asyncio.to_thread(Cl100kDecoder)
     registry = Registry(settings.served_models())
     if settings.cache_bytes:
-        registry.cache = EmbeddingCache(settings.cache_bytes)
+        registry.cache = EmbeddingCache(settings.cache_bytes, per_key=settings.cache_scope == "key")
     for name, description, handle in zip(names, descriptions, handles, strict=True):
         assert description["config"].served_name == name
         registry.add(remote_entry(description, handle, cl100k))
