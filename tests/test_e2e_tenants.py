@@ -413,7 +413,7 @@ def test_a_flooding_key_does_not_hold_back_another_on_a_slow_engine(tmp_path: Pa
     )
     body = {"model": "debug", "input": ["twelve chars"] * 16}
     with RemoteServer(
-        ["--config", str(config), "--keys-file", str(keys)],
+        ["--config", str(config), "--keys-file", str(keys), "--admin-key", "adm"],
         env={"OPENAI_COMPAT_TEST_BATCH_SECONDS": "0.05"},
         slow_engine=True,
     ) as server:
@@ -428,7 +428,7 @@ def test_a_flooding_key_does_not_hold_back_another_on_a_slow_engine(tmp_path: Pa
             async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
                 flood = [asyncio.create_task(send(client, "A")) for _ in range(48)]
                 while True:  # A's inputs are all queued before B comes
-                    text = (await client.get("/metrics")).text
+                    text = (await client.get("/metrics", headers=bearer("adm"))).text
                     line = next(x for x in text.splitlines() if x.startswith(QUEUED))
                     if float(line.rsplit(" ", 1)[1]) >= 48 * 16:
                         break
