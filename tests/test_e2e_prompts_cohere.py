@@ -57,9 +57,24 @@ def folder_model(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> 
 
 
 @pytest.fixture(scope="module")
+def e5_folder(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> Path:
+    """The e5 convention in a folder: prompts {query, passage}, default passage (no
+    "document" prompt: sentence-transformers 6 adds a blank one when it loads it)."""
+    folder = tmp_path_factory.mktemp("e5-folder")
+    for item in Path(minilm_path).iterdir():
+        if item.name != "config_sentence_transformers.json":
+            os.symlink(item, folder / item.name)
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": {"query": Q, "passage": P}, "default_prompt_name": "passage"})
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
 def srv(
     tmp_path_factory: pytest.TempPathFactory,
     folder_model: Path,
+    e5_folder: Path,
     tiny_media_models: dict[str, Path],
 ) -> Iterator[RemoteServer]:
     models = [
@@ -70,6 +85,7 @@ def srv(
             "prompts": {"query": Q, "passage": P},
         },
         {"name": "folder-prompts", "model": folder_model},
+        {"name": "e5-folder", "model": e5_folder},
         {"name": "clip", "model": tiny_media_models["clip"]},
     ]
     with server_with(tmp_path_factory.mktemp("cfg"), models) as server:
@@ -162,6 +178,25 @@ def test_prompts_from_the_model_folder_apply_with_no_config(
         embed(input_type="search_query"),
         ref.encode(text, prompt_name="query", normalize_embeddings=True)[0],
     )
+
+
+def test_a_folders_declared_passage_prompt_is_its_document_side(
+    srv: RemoteServer, st_model: Any
+) -> None:
+    """sentence-transformers 6 loads {query, passage} with a blank "document" added; Cohere's
+    search_document, OpenAI's input_type "document" and no input type at all embedded with
+    no prompt (0.10 from the passage prompt's vectors). The folder's own prompts decide."""
+    want = _st(st_model, DOCS, P)
+    co = cohere.ClientV2(base_url=srv.url, api_key="x")
+    got = co.embed(
+        texts=DOCS, model="e5-folder", input_type="search_document", embedding_types=["float"]
+    )
+    _close(got.embeddings.float_, want)
+    for extra in ({"input_type": "document"}, {}):
+        r = _post(srv, "/v1/embeddings", {"model": "e5-folder", "input": DOCS, **extra})
+        _close([d["embedding"] for d in r.json()["data"]], want)
+    cards = {c["id"]: c for c in httpx.get(srv.url + "/v1/models").json()["data"]}
+    assert cards["e5-folder"]["prompts"] == {"query": Q, "passage": P}
 
 
 def test_models_list_prompts_and_int8_ranges(srv: RemoteServer) -> None:

@@ -56,3 +56,16 @@ def has_modules(source: str, revision: str | None = None) -> bool:
     if path.is_dir():
         return (path / "modules.json").is_file()
     return isinstance(_read(source, "modules.json", revision), list)
+
+
+def declared_prompts(source: str, revision: str | None = None) -> dict[str, str] | None:
+    """The prompts the folder's own `config_sentence_transformers.json` declares (what its
+    author wrote: sentence-transformers 6 adds blank "query" / "document" entries to the
+    prompts it loads); None without the file."""
+    found = _read(source, ST_CONFIG, revision)
+    if not isinstance(found, dict):
+        return None
+    prompts = found.get("prompts")
+    if not isinstance(prompts, dict):
+        return {}
+    return {str(k): str(v) for k, v in prompts.items() if isinstance(v, str)}

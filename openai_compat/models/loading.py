@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from openai_compat import cpus
-from openai_compat.engine import adapter, backends, native, pooling
+from openai_compat.engine import adapter, backends, folders, native, pooling
 from openai_compat.engine.infinity import hooks as infinity_hooks
 from openai_compat.engine.infinity import splade
 from openai_compat.engine.infinity.feeder import Feeder
@@ -195,6 +195,9 @@ async def describe(
     elif config.token_ids == "model" and backend is not None:
         decoder = ModelTokenIdDecoder(backend)
     folder, folder_default = adapter.folder_prompts(replica)
+    declared = folders.declared_prompts(config.source, config.revision) if folder else None
+    if declared is not None:  # a blank prompt the library added must not shadow a real one
+        folder = {k: v for k, v in folder.items() if v or k in declared}
     try:
         prompts = Prompts.resolve(config.prompts, config.default_prompt, folder, folder_default)
         if getattr(engine, "modes", False):
