@@ -178,6 +178,15 @@ _TEI_TYPES = {
 }
 
 
+def printable(path: str) -> str:
+    """A request path as it may be echoed in a message or a log line: the raw ASGI path
+    (never a URL rebuilt from Host), control and non-ASCII characters escaped (a %0a in a
+    path must not start a forged log line)."""
+    if path.isascii() and path.isprintable():
+        return path
+    return path.encode("unicode_escape").decode("ascii")
+
+
 def family_of(path: str) -> ErrorFamily:
     return _PATH_FAMILIES.get(path, "openai")
 
@@ -323,10 +332,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            message = f"Unknown route: {request.method} {request.url.path}"
+            message = f"Unknown route: {request.method} {printable(request.scope['path'])}"
             code = "not_found"
         elif exc.status_code == 405:
-            message = f"Method {request.method} is not allowed on {request.url.path}."
+            message = (
+                f"Method {request.method} is not allowed on {printable(request.scope['path'])}."
+            )
             code = "method_not_allowed"
         else:
             message, code = str(exc.detail), None

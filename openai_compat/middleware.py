@@ -31,6 +31,7 @@ from openai_compat.errors import (
     api_error_response,
     family_from_prefix,
     family_of,
+    printable,
 )
 from openai_compat.lifecycle import Lifecycle
 from openai_compat.metrics import Metrics, RouteLabels
@@ -377,7 +378,7 @@ class GatewayMiddleware:
             access_logger.info(
                 "%s %s %s %.1fms",
                 scope["method"],
-                path,
+                printable(path),
                 status,
                 elapsed * 1000,
                 extra={

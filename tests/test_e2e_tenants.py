@@ -461,3 +461,17 @@ def test_late_chunking_and_text_pairs_are_charged_before_the_model_runs(
     answer = post(srv, "/v1/embeddings", "scoped-key", huge)
     assert answer.status_code == 200, answer.text
     assert len(answer.json()["data"][0]["chunks"]) == 1
+
+
+def test_a_newline_in_the_path_cannot_forge_an_access_log_line(srv: RemoteServer) -> None:
+    forged = "FORGED-LINE 200 0.1ms"
+    answer = httpx.get(srv.url + "/v1/nothing%0a" + forged.replace(" ", "%20"))
+    assert answer.status_code in (401, 404)
+    answer = httpx.get(
+        srv.url + "/v1/nothing%0a" + forged.replace(" ", "%20"), headers=bearer("scoped-key")
+    )
+    assert answer.status_code == 404
+    assert "\\n" + forged in answer.json()["error"]["message"]  # escaped where it is echoed
+    lines = srv.output().splitlines()
+    assert not any(line.startswith("FORGED-LINE") for line in lines)
+    assert any("/v1/nothing\\nFORGED-LINE" in line for line in lines)
