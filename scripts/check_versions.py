@@ -15,6 +15,10 @@ FLOORS = {
     "huggingface-hub": (1, 0),
     "tokenizers": (0, 22),
     "torch": (2, 13),
+    # the 2026 CVE fixes (pyproject.toml says which)
+    "pillow": (12, 3),
+    "python-multipart": (0, 0, 30),
+    "starlette": (1, 0, 1),
 }
 
 

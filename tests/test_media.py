@@ -333,3 +333,29 @@ def test_a_server_that_fetches_no_url_never_imports_aiohttp() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.strip() == "False"
+
+
+async def test_only_the_accepted_image_formats_are_opened() -> None:
+    """Pillow's rarer decoders (PSD, FITS, PCF... this year's CVEs) are never reached: an
+    image in a format the server does not accept is a 400 naming the ones it does, while
+    each accepted one decodes."""
+    import io
+
+    from PIL import Image
+
+    def encoded(fmt: str) -> bytes:
+        out = io.BytesIO()
+        Image.new("RGB", (8, 8), (200, 10, 10)).save(out, format=fmt)
+        return out.getvalue()
+
+    f = _fetcher()
+    try:
+        for fmt in media.IMAGE_FORMATS:
+            (img,) = await f.fetch_all([data_uri(encoded(fmt), "image/x")], "image")
+            assert img.size == (8, 8), fmt
+        for fmt in ("TGA", "PCX", "ICO", "SGI"):  # each decodes in Pillow, none is accepted
+            with pytest.raises(BadRequest, match="accepted: PNG, JPEG") as info:
+                await f.fetch_all([data_uri(encoded(fmt), "image/x")], "image")
+            assert info.value.param == "input", fmt
+    finally:
+        await f.close()

@@ -230,6 +230,8 @@ def _too_many_pixels(size: tuple[int, int] | None, limits: MediaLimits) -> str:
     return f"the image is {dims}; at most {limits.max_pixels} pixels are decoded"
 
 
+# The image formats decoded (Pillow's names): what browsers, SDKs and scanners send.
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 # What an image was before decoding (Cohere's embed responses report it), kept in img.info.
 IMAGE_META = "openai_compat_meta"
 _BIT_DEPTHS = {"1": 1, "I;16": 16, "I;16B": 16, "I;16L": 16, "I": 32, "F": 32}
@@ -243,11 +245,17 @@ def _decode(
         from PIL import Image
 
         try:
-            img = Image.open(io.BytesIO(raw))  # reads the header only
+            # only the formats the server accepts: Pillow's rarer decoders (PSD, FITS, PCF...)
+            # were this year's vectors, and no client sends them
+            img = Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)  # reads the header only
         except Image.DecompressionBombError:  # Pillow's own, far higher, limit
             raise MediaError(index, _too_many_pixels(None, limits), "too_large") from None
         except Exception:
-            raise MediaError(index, "the content is not an image we can decode") from None
+            raise MediaError(
+                index,
+                "the content is not an image we can decode (accepted: "
+                f"{', '.join(IMAGE_FORMATS)})",
+            ) from None
         # A few KiB of PNG can declare gigapixels: check the size before decoding anything.
         if img.width * img.height > limits.max_pixels:
             raise MediaError(index, _too_many_pixels(img.size, limits), "too_large")
