@@ -127,7 +127,7 @@ def create_app(
             lifecycle.ready()
         else:
             loader = asyncio.create_task(_load(registry, lifecycle, settings), name="load-models")
-        if batch_runner:
+        if batch_runner and settings.batch_api:
             batches.start(app)
         watcher = asyncio.create_task(tenants.watch(), name="keys-file")
         try:
@@ -190,6 +190,8 @@ def create_app(
         (tei_routes.router, "", True),
         (vllm.router, "", True),
     ]
+    if not settings.batch_api:  # another process owns the jobs (a batch pod): no routes
+        mounted = [m for m in mounted if m[0] is not batch_routes.router]
     for router, prefix, documented in mounted:
         app.include_router(router, prefix=prefix, include_in_schema=documented)
     routes = [

@@ -220,6 +220,12 @@ class Settings(BaseModel):
         "Where ONNX/OpenVINO exports of models are cached (default: "
         "$HF_HOME/openai-compat-exports).",
     )
+    batch_api: bool = _opt(
+        True,
+        "Serve the Files and Batch APIs (their state is this process's data dir). Off: they "
+        "answer 404, as on stateless replicas behind an Ingress that sends /v1/files and "
+        "/v1/batches to the one batch pod that owns the data dir.",
+    )
     data_dir: Path | None = _opt(
         None,
         "Where the Files and Batch APIs keep their state: batch.sqlite3 (jobs, files) and the "

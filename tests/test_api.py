@@ -169,3 +169,17 @@ async def test_one_requests_error_family_never_reaches_the_next(client: httpx.As
     assert tei.status_code == 400 and tei.json()["error_type"] == "Empty"
     openai_error = await client.post("/v1/embeddings", json={"model": "debug", "input": []})
     assert openai_error.status_code == 400 and openai_error.json()["error"]["param"] == "input"
+
+
+async def test_batch_api_off_leaves_no_files_or_batch_routes(tmp_path: object) -> None:
+    """Stateless replicas (deploy/kubernetes): the Files and Batch APIs are another pod's,
+    so they are not here at all (404) and no job runner starts; the rest serves as usual."""
+    debug = ModelConfig(model="debug/engine", name="debug", engine="debugengine")
+    settings = Settings(models=(debug,), batch_api=False, data_dir=tmp_path, cache_bytes=0)
+    async with app_client(settings) as c:
+        for path in ("/v1/files", "/v1/batches", "/files", "/batches"):
+            assert (await c.get(path)).status_code == 404, path
+        assert c.app_state.batches._task is None  # type: ignore[attr-defined]  # not started
+        r = await c.post("/v1/embeddings", json={"model": "debug", "input": "abc"})
+        assert r.status_code == 200
+        assert "/v1/files" not in (await c.get("/openapi.json")).json()["paths"]

@@ -34,7 +34,10 @@ def test_every_object_is_valid_for_kubernetes() -> None:
     for obj in _objects("openai-compat.yaml"):
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
         kinds.append(obj["kind"])
-    assert kinds == ["Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"]
+    assert kinds == [
+        *("Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"),
+        *("PersistentVolumeClaim", "Deployment", "Service", "Ingress"),
+    ]
 
 
 def test_the_validator_refuses_a_misspelt_field() -> None:
@@ -45,7 +48,7 @@ def test_the_validator_refuses_a_misspelt_field() -> None:
 
 
 def test_the_deployment_matches_the_image() -> None:
-    deployment, service, budget, autoscaler = _objects("openai-compat.yaml")
+    deployment, service, budget, autoscaler, *_ = _objects("openai-compat.yaml")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     dockerfile = _dockerfile()
@@ -64,7 +67,8 @@ def test_the_deployment_matches_the_image() -> None:
     assert pod["securityContext"]["runAsUser"] == uid and pod["securityContext"]["runAsNonRoot"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert {"/tmp", "/data"} <= mounts and "OPENAI_COMPAT_DATA_DIR=/data" in dockerfile
+    # HF_HOME (hub downloads, exports) is written: a volume, or "Read-only file system"
+    assert {"/tmp", "/models"} <= mounts and "HF_HOME=/models" in dockerfile
     # the drain fits the grace period: --graceful-timeout (30 s) plus the shutdown margin
     from openai_compat.server import SHUTDOWN_MARGIN
     from openai_compat.settings import Settings
@@ -79,8 +83,39 @@ def test_the_deployment_matches_the_image() -> None:
     assert autoscaler["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
 
 
+def test_the_batch_api_lives_on_one_pod_with_a_persistent_volume() -> None:
+    """With replicas: 2 each pod had its own /data, so an upload, its batch and its polls
+    landed on different pods. The replicas serve no Files/Batch API; one batch pod (one
+    replica, Recreate) owns a PersistentVolumeClaim at /data; the Ingress sends those paths
+    there and the rest to the replicas."""
+    api, service, _, _, claim, batch, batch_service, ingress = _objects("openai-compat.yaml")
+    (api_container,) = api["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in api_container["env"]}
+    from openai_compat.config import env_name
+
+    assert env[env_name("batch_api")] == "0"
+    assert api["spec"]["replicas"] > 1 and batch["spec"]["replicas"] == 1
+    assert batch["spec"]["strategy"] == {"type": "Recreate"}
+    pod = batch["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (container,) = pod["containers"]
+    data = next(m for m in container["volumeMounts"] if m["mountPath"] == "/data")
+    claimed = volumes[data["name"]]["persistentVolumeClaim"]["claimName"]
+    assert claimed == claim["metadata"]["name"] and "OPENAI_COMPAT_DATA_DIR=/data" in _dockerfile()
+    assert batch_service["spec"]["selector"] == batch["spec"]["template"]["metadata"]["labels"]
+    routes = {
+        p["path"]: p["backend"]["service"]["name"]
+        for rule in ingress["spec"]["rules"]
+        for p in rule["http"]["paths"]
+    }
+    from openai_compat.middleware import BATCH_PREFIXES
+
+    assert {routes[prefix] for prefix in BATCH_PREFIXES} == {batch_service["metadata"]["name"]}
+    assert routes["/"] == service["metadata"]["name"]
+
+
 def test_the_autoscaler_scales_on_a_metric_the_server_exports() -> None:
-    *_, autoscaler = _objects("openai-compat.yaml")
+    *_, autoscaler, _, _, _, _ = _objects("openai-compat.yaml")
     (metric,) = autoscaler["spec"]["metrics"]
     name = metric["pods"]["metric"]["name"]
     # the collector's families (tests/test_e2e_reliability.py reads this one off /metrics)

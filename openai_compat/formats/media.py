@@ -253,8 +253,7 @@ def _decode(
         except Exception:
             raise MediaError(
                 index,
-                "the content is not an image we can decode (accepted: "
-                f"{', '.join(IMAGE_FORMATS)})",
+                f"the content is not an image we can decode (accepted: {', '.join(IMAGE_FORMATS)})",
             ) from None
         # A few KiB of PNG can declare gigapixels: check the size before decoding anything.
         if img.width * img.height > limits.max_pixels:
