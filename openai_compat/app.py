@@ -71,6 +71,23 @@ async def _load(registry: Registry, lifecycle: Lifecycle, settings: Settings) ->
         lifecycle.fail(f"model loading crashed: {type(exc).__name__}: {exc}")
     else:
         lifecycle.ready()
+        logger.info("%s", ready_line(settings, registry))
+
+
+def ready_line(settings: Settings, registry: Registry) -> str:
+    """The one line that says the server is ready: where, and what it serves (TEI and vLLM
+    print one too)."""
+    host = settings.host
+    shown = "localhost" if host in ("0.0.0.0", "::", "") else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    url = f"http://{shown}:{settings.port}"
+    lazy = [c.served_name for c in registry.configs if c.load == "lazy"]
+    models = ", ".join(c.served_name for c in registry.configs if c.load != "lazy") or "none"
+    models += f" (lazy: {', '.join(lazy)})" if lazy else ""
+    return (
+        f"ready on {url} (OpenAI base_url {url}/v1); playground {url}/playground, API docs "
+        f"{url}/docs; models: {models}"
+    )
 
 
 def _loaded(registry: Registry, entry: ModelEntry) -> None:

@@ -150,10 +150,15 @@ def serve(settings: Settings) -> int:
     ).start()
     from openai_compat.app import create_app
     from openai_compat.lifecycle import loaders_running
-    from openai_compat.server import DrainingServer
+    from openai_compat.server import DrainingServer, PortInUse, bind
     from openai_compat.tenants.keys import KeysFileError
 
     logs.configure(settings.log_level, settings.log_format)
+    try:
+        listening = bind(settings.host, settings.port)
+    except PortInUse as exc:
+        print(f"openai-compat: {exc}", file=sys.stderr)
+        return 2
     try:
         app = create_app(settings)
     except KeysFileError as exc:
@@ -167,7 +172,7 @@ def serve(settings: Settings) -> int:
         server.should_exit = True
 
     app.state.lifecycle.on_fatal = on_fatal
-    server.run()
+    server.run(sockets=[listening])
     status = 0
     if fatal:
         print(f"openai-compat: {fatal[0]}", file=sys.stderr)

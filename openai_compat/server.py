@@ -56,18 +56,26 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.watchdog is None:
             self.watchdog = self._start_watchdog()
-        if self.drain_deadline is not None or self.lifecycle.phase in ("loading", "failed"):
-            # second signal, or nothing worth draining: stop now
+        name = signal.Signals(sig).name
+        if self.drain_deadline is not None:  # the second signal: quit now
+            logger.warning(
+                "%s again: quitting now (%d request(s) cut off)", name, self.lifecycle.inflight
+            )
+            self.should_exit = self.force_exit = True
+            return
+        if self.lifecycle.phase in ("loading", "failed"):  # nothing worth draining: stop now
             if self.should_exit:
                 self.force_exit = True
             self.should_exit = True
             self.lifecycle.drain()
             return
-        logger.info(
-            "%s received: draining %d request(s) in flight (at most %.0fs)",
-            signal.Signals(sig).name,
+        again = "Ctrl-C" if sig == signal.SIGINT else f"send {name}"
+        logger.warning(
+            "%s received: draining %d request(s) in flight (at most %.0fs); %s again to quit now",
+            name,
             self.lifecycle.inflight,
             self.grace,
+            again,
         )
         self.lifecycle.drain()
         self.drain_deadline = time.monotonic() + self.grace
@@ -104,3 +112,25 @@ class DrainingServer(uvicorn.Server):
             left = self.drain_deadline - time.monotonic()
             self.config.timeout_graceful_shutdown = max(0.1, left)  # type: ignore[assignment]
         await super().shutdown(sockets)
+
+
+class PortInUse(OSError):
+    """The port the server was told to listen on is taken (checked before any model loads)."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the models load, so that a taken port is one line
+    at once rather than uvicorn's `[Errno 98]` after the whole start-up."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PortInUse(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}. Another server may hold "
+            f"it: pick another port with --port {port + 1} (or OPENAI_COMPAT_PORT={port + 1})."
+        ) from exc
+    sock.set_inheritable(True)
+    return sock

@@ -140,3 +140,60 @@ def test_sigterm_when_idle_exits_zero_quickly() -> None:
         assert time.monotonic() - start < 15
     finally:
         srv.stop()
+
+
+def test_ctrl_c_says_how_to_quit_and_the_second_quits_now(debug_config: Path) -> None:
+    """The first Ctrl-C drains and says so ("Ctrl-C again to quit now"); the second quits at
+    once (a third was needed before), cutting off what is still in flight, with the ready
+    line's URL printed at start."""
+    srv = RemoteServer(
+        ["--config", str(debug_config), "--graceful-timeout", "60"],
+        env={"OPENAI_COMPAT_TEST_BATCH_SECONDS": "1.0"},
+        slow_engine=True,
+    )
+    try:
+        assert f"ready on http://{srv.host}:{srv.port} " in srv.output()
+        assert "models: debug" in srv.output()
+        results: list[int] = []
+        thread = _post_in_background(srv, 32 * 40, results)  # 40 s of batches
+        time.sleep(1.0)
+        srv.signal(signal.SIGINT)
+        deadline = time.monotonic() + 10
+        while "Ctrl-C again to quit now" not in srv.output():
+            assert time.monotonic() < deadline, srv.output()[-2000:]
+            time.sleep(0.1)
+        assert "draining 1 request(s) in flight" in srv.output()
+        second = time.monotonic()
+        srv.signal(signal.SIGINT)
+        srv.proc.wait(30)
+        assert time.monotonic() - second < SHUTDOWN_MARGIN  # not the 60 s drain
+        assert "quitting now (1 request(s) cut off)" in srv.output()
+        thread.join(30)
+    finally:
+        srv.stop()
+
+
+def test_a_port_in_use_is_one_line_before_any_model_loads(debug_config: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "openai_compat", "serve", "--config", str(debug_config)]
+            + ["--host", "127.0.0.1", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("openai-compat:")]
+    assert lines == [
+        f"openai-compat: cannot listen on 127.0.0.1:{port}: Address already in use. Another "
+        f"server may hold it: pick another port with --port {port + 1} (or "
+        f"OPENAI_COMPAT_PORT={port + 1})."
+    ]
+    assert "loading model" not in done.stderr and "Errno 98" not in done.stderr
