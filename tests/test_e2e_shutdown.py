@@ -183,8 +183,10 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(debug_config: Path) ->
         taken.listen()
         port = taken.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-m", "openai_compat", "serve", "--config", str(debug_config)]
-            + ["--host", "127.0.0.1", "--port", str(port)],
+            [
+                *(sys.executable, "-m", "openai_compat", "serve", "--config", str(debug_config)),
+                *("--host", "127.0.0.1", "--port", str(port)),
+            ],
             capture_output=True,
             text=True,
             timeout=120,
