@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo-models",
         help="Make offline demo models (no model hub): a reranker and a sentiment classifier "
-        "fine-tuned from the packaged all-MiniLM-L6-v2 (about a minute on 2 cores), and "
+        "fine-tuned from the packaged all-MiniLM-L6-v2 (about 30 s on 2 idle cores), and "
         "DIR/demo.toml serving them: `openai-compat serve --config DIR/demo.toml`.",
     )
     demo.add_argument("dir", nargs="?", default="demo", metavar="DIR", help="(default: demo)")
@@ -240,7 +240,11 @@ def _native_export(model: Any, settings: Settings) -> Path:
 def demo_models(folder: Path) -> int:
     from openai_compat.models import demo as demo_models
 
-    print(f"making the demo models in {folder} (about a minute)...", file=sys.stderr)
+    print(
+        f"making the demo models in {folder}: two fine-tunings of the packaged MiniLM, "
+        "about 30 s on 2 idle CPU cores, minutes beside other work (a progress bar each)...",
+        file=sys.stderr,
+    )
     config = demo_models.build(folder)
     print(f"done: openai-compat serve --config {config}", file=sys.stderr)
     return 0

@@ -11,6 +11,7 @@ a model to put in front of users.
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,7 @@ def _finetune(
     lr: float,
 ) -> Path:
     import torch
+    from tqdm.auto import tqdm
     from transformers import AutoTokenizer, BertForSequenceClassification
 
     _seed()
@@ -133,7 +135,8 @@ def _finetune(
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     enc = tok(*pairs, padding=True, truncation=True, max_length=128, return_tensors="pt")
     target = torch.tensor(labels, dtype=torch.float32 if num_labels == 1 else torch.long)
-    for _ in range(steps):
+    # each step is a full forward and backward pass over every example (seconds on a CPU)
+    for _ in tqdm(range(steps), desc=f"training {out.name}", unit="step", file=sys.stderr):
         opt.zero_grad()
         logits = model(**enc).logits
         if num_labels == 1:
