@@ -56,6 +56,12 @@ key_sha256 = "{sha("ops-key")}"
 admin = true
 
 [[keys]]
+name = "scoped-ops"
+key_sha256 = "{sha("scoped-ops-key")}"
+models = ["minilm"]
+admin = true
+
+[[keys]]
 name = "old"
 key_sha256 = "{sha("old-key")}"
 expires = "2020-01-01T00:00:00Z"
@@ -226,6 +232,13 @@ def test_permissions_for_batches_and_admin(srv: RemoteServer) -> None:
     assert httpx.get(srv.url + "/v1/files", headers=bearer("scoped-key")).status_code == 200
     admin = httpx.get(srv.url + "/admin/models", headers=bearer("ops-key"))
     assert admin.status_code == 200  # admin = true opens /admin without --admin-key
+    assert {m["id"] for m in admin.json()["data"]} == {"minilm", "secret", "reranker", "classifier"}
+    # an admin key with a scope sees and acts on the models in it only
+    scoped = httpx.get(srv.url + "/admin/models", headers=bearer("scoped-ops-key"))
+    assert [m["id"] for m in scoped.json()["data"]] == ["minilm"]
+    hidden = httpx.post(srv.url + "/admin/models/secret/unload", headers=bearer("scoped-ops-key"))
+    assert hidden.status_code == 404
+    assert hidden.json()["error"]["message"].endswith("Served models: minilm, mini.")
     assert httpx.get(srv.url + "/admin/models", headers=bearer("scoped-key")).status_code == 401
     # nothing loads a model that is not in the configuration: not the admin API, not a request
     for name in ("sentence-transformers%2Fall-mpnet-base-v2", "..%2F..%2Ftmp"):

@@ -35,9 +35,12 @@ def _served(registry: Registry, name: str) -> str:
 
 @router.get("/models", responses=ERROR_RESPONSES)
 async def list_models(request: Request) -> Response:
-    """Every configured model's state, measured size and use; the limits and the process RSS."""
+    """Every configured model's state, measured size and use (an admin key with `models`:
+    those in its scope); the limits and the process RSS."""
     registry, pool = _pool(request)
-    models = [pool.describe(c.served_name) for c in registry.configs]
+    models = [
+        pool.describe(c.served_name) for c in registry.configs if registry.visible(c.served_name)
+    ]
     return orjson_response(
         {
             "object": "list",
