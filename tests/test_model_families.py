@@ -23,7 +23,7 @@ st = pytest.importorskip("sentence_transformers")
 if int(st.__version__.split(".")[0]) < 6:
     pytest.skip("the 2026 families need sentence-transformers >= 6", allow_module_level=True)
 
-from openai_compat.engine import native  # noqa: E402
+from openai_compat.engine import classes, native  # noqa: E402
 from openai_compat.engine.usage import TokenIds  # noqa: E402
 from openai_compat.model_config import ModelConfig  # noqa: E402
 from tests import families  # noqa: E402
@@ -80,7 +80,7 @@ def test_each_folder_is_read_by_the_class_its_own_files_name(folders: dict[str, 
     }
     for name, folder in folders.items():
         archs = native._architectures(str(folder), None, False)
-        assert native.model_class(config(folder), str(folder), archs) == expected[name], name
+        assert classes.model_class(config(folder), str(folder), archs) == expected[name], name
 
 
 def test_a_folder_no_class_loads_is_refused_with_what_was_found(tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat.engine.text import Row, TextKind
+from openai_compat.engine.rows import Row
+from openai_compat.engine.text import TextKind
 from openai_compat.engine.usage import TokenCountedArray
 
 DIMENSIONS = 13
@@ -37,6 +38,7 @@ class DebugRunner:
     without a model."""
 
     kind: TextKind = "embedder"
+    modalities: frozenset[str] = frozenset({"text"})
     multivector = False
     modes = False
     exported = None
@@ -49,7 +51,9 @@ class DebugRunner:
         self.model = NoModel()
         self.tokenizer = None
 
-    def prepare(self, inputs: Sequence[Any], task: str | None = None) -> list[Row]:
+    def prepare(
+        self, inputs: Sequence[Any], task: str | None = None, prompt: str | None = None
+    ) -> list[Row]:
         if task is not None:
             raise ValueError("this model has no query and document modes")
         return [Row({}, len(str(text)), tokens=False) for text in inputs]

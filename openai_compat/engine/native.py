@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat.engine import folders
+from openai_compat.engine import classes, folders
 from openai_compat.engine.debug import DebugRunner
 from openai_compat.engine.prep import FairPrep
 from openai_compat.engine.priority import in_background, tenant
@@ -72,6 +72,8 @@ class NativeEngine:
         self.kind: TextKind = runner.kind
         self.model = runner.model  # the library's own object (public attributes only)
         self.capabilities = set(_CAPABILITIES[self.kind])
+        if self.kind in ("embedder", "clip") and "image" in runner.modalities:
+            self.capabilities.add("image_embed")  # a VLM embedder's, a ColPali's page images
         self.sampling_rate = runner.sampling_rate  # what a CLAP model's audio must be sampled at
         labels = getattr(getattr(self.model, "config", None), "id2label", None) or {}
         self._labels = {int(k): str(v) for k, v in labels.items()}  # read once, at load
@@ -107,14 +109,16 @@ class NativeEngine:
 
     # ------------------------------------------------------------ calls
 
-    async def _run(self, inputs: Sequence[Any], task: str | None = None) -> tuple[list[Any], int]:
+    async def _run(
+        self, inputs: Sequence[Any], task: str | None = None, prompt: str | None = None
+    ) -> tuple[list[Any], int]:
         """The runner's results for `inputs`, and the tokens they took (after truncation,
-        special tokens included)."""
+        special tokens and a VLM's image tokens included)."""
         if not self.is_running:
             raise EngineStopped(f"model {self.name!r}: the engine is not running")
         name, weight = tenant()
         job = self._prepare.submit(
-            name, weight, len(inputs), self.runner.prepare, list(inputs), task
+            name, weight, len(inputs), self.runner.prepare, list(inputs), task, prompt
         )
         rows = await asyncio.wrap_future(job)
         if self._output_bound is not None:
@@ -139,18 +143,29 @@ class NativeEngine:
         """Whether the model embeds queries and documents apart (a MultiVectorEncoder)."""
         return bool(self.runner.modes)
 
+    @property
+    def messages(self) -> bool:
+        """Whether the model renders inputs through its chat template (a VLM's "message"
+        modality): a prompt is then given apart, as a system message, not in the text."""
+        return "message" in self.runner.modalities
+
     async def embed(
-        self, sentences: Sequence[str], task: str | None = None
+        self, sentences: Sequence[str], task: str | None = None, prompt: str | None = None
     ) -> tuple[list[Any], int]:
         """Unit vectors (or token vectors) with their tokens and norms; usage in tokens.
-        `task`: "query" or "document" on a model with modes (its default: document)."""
+        `task`: "query" or "document" on a model with modes (its default: document);
+        `prompt`: a model with messages' system prompt."""
         self._check("embed")
-        return await self._run(sentences, task)
+        return await self._run(sentences, task, prompt)
 
-    async def image_embed(self, *, images: Sequence[Any]) -> tuple[list[Any], int]:
-        """Unit vectors of decoded images (PIL), in the space of the model's text vectors."""
+    async def image_embed(
+        self, *, images: Sequence[Any], prompt: str | None = None
+    ) -> tuple[list[Any], int]:
+        """Vectors of decoded images (PIL), or of {"image", "text"} dicts on a model that
+        renders messages, in the space of the model's text vectors; a multi-vector model's
+        (ColPali's) page images on its document side."""
         self._check("image_embed")
-        return await self._run(images)
+        return await self._run(images, None, prompt)
 
     async def audio_embed(self, *, audios: Sequence[Any]) -> tuple[list[Any], int]:
         """Unit vectors of audio files (bytes, validated and at the model's sampling rate)."""
@@ -259,7 +274,7 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
         options["model_kwargs"] = {"dtype": config.dtype}
     elif config.dtype != "auto":
         raise ValueError(f"dtype {config.dtype!r} is not served by the native engine")
-    model, kind, multivector = _load_model(config, source, archs, options)
+    model, kind, multivector = classes.load_model(config, source, archs, options)
     exported: Path | None = None
     if config.backend != "torch":
         if kind != "embedder" or multivector:
@@ -306,70 +321,6 @@ def lanes(config: Any, runner: TextRunner) -> int:
     return 2 if runner.tunable_threads() > 1 and on_cpu and not config.compile else 1
 
 
-# The library's model classes, by the model_type its config_sentence_transformers.json names.
-_CLASSES = ("SentenceTransformer", "SparseEncoder", "CrossEncoder", "MultiVectorEncoder")
-
-
-def model_class(config: Any, source: str, archs: list[str]) -> str:
-    """Which of the library's classes loads the folder, from its own files: the model_type
-    it was saved with (PyLate's "ColBERT" and Stanford's HF_ColBERT architecture are
-    MultiVectorEncoders, as that class detects them); else its architectures (a
-    `*ForSequenceClassification` or a bare `*ForCausalLM` without sentence-transformers
-    modules is a CrossEncoder, as CrossEncoder reads them: classifier head / yes-no
-    log-odds; a masked LM is a SPLADE SparseEncoder); else a SentenceTransformer.
-    `kind = "sparse"` asks for a SparseEncoder."""
-    saved = folders.model_type(source, config.revision)
-    if config.kind == "sparse":
-        return "SparseEncoder"
-    if config.kind == "dense" and saved == "SparseEncoder":
-        return "SentenceTransformer"
-    if saved == "ColBERT" or (saved is None and "HF_ColBERT" in archs):
-        return "MultiVectorEncoder"  # PyLate <= 3, Stanford ColBERT: as the library reads them
-    if saved in _CLASSES:
-        return saved
-    if any(a.endswith("ForSequenceClassification") for a in archs):
-        return "CrossEncoder"
-    modules = folders.has_modules(source, config.revision)
-    if not modules and any(a.endswith("ForCausalLM") for a in archs):
-        return "CrossEncoder"
-    if config.kind == "auto" and any(a.endswith("ForMaskedLM") for a in archs):
-        return "SparseEncoder"
-    return "SentenceTransformer"
-
-
-def _load_model(
-    config: Any, source: str, archs: list[str], options: dict[str, Any]
-) -> tuple[Any, TextKind, bool]:
-    """The library's model for the folder, its kind, and whether it gives token vectors."""
-    import sentence_transformers
-
-    name = model_class(config, source, archs)
-    try:
-        model = getattr(sentence_transformers, name)(source, **options)
-    except Exception as exc:
-        saved = folders.model_type(source, config.revision)
-        found = f"architectures {archs or 'none'}, model_type {saved or 'none'}"
-        raise ValueError(
-            f"{source}: sentence-transformers' {name} cannot load it ({found}): "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    if name == "CrossEncoder":
-        return model, ("crossencoder" if model.num_labels == 1 else "classifier"), False
-    if name == "SparseEncoder":
-        _check_splade(model)
-        return model, "sparse", False
-    if name == "MultiVectorEncoder":
-        return model, "embedder", True
-    modalities = set(getattr(model, "modalities", None) or ["text"])
-    kind: TextKind = (
-        "clip" if "image" in modalities else "clap" if "audio" in modalities else "embedder"
-    )
-    # A ColBERT checkpoint read as a SentenceTransformer: its token vectors (mean pooling
-    # would give a vector nobody trained)
-    multivector = kind == "embedder" and bool(archs) and "colbert" in archs[0].lower()
-    return model, kind, multivector
-
-
 def _check_library() -> None:
     """The native engine's floor: sentence-transformers 6's stages (preprocess, forward)."""
     from importlib.metadata import version
@@ -379,18 +330,4 @@ def _check_library() -> None:
         raise ValueError(
             f"the native engine needs sentence-transformers >= 6 (installed: {found}); this "
             "environment is infinity-emb's (requirements/infinity.txt): use engine = 'torch'"
-        )
-
-
-def _check_splade(model: Any) -> None:
-    """A SparseEncoder that pools SPLADE-style (max over tokens of log(1 + relu(logits))):
-    the library builds one from a masked-LM folder, or reads the folder's own sparse modules.
-    Anything else it might build (a sparse auto-encoder over a dense model) is refused."""
-    from sentence_transformers.sparse_encoder.modules import SpladePooling
-
-    if not any(isinstance(m, SpladePooling) for m in model):
-        found = ", ".join(type(m).__name__ for m in model)
-        raise ValueError(
-            f"kind = 'sparse' needs a SPLADE model (a masked-LM folder, or sentence-"
-            f"transformers sparse modules with SpladePooling); this folder gives {found}"
         )

@@ -16,121 +16,18 @@ equal the library's own `encode`/`predict` (tests/test_native_engine.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from openai_compat.engine.rows import NotPerInput, Row, collate, group_of, split_rows
 from openai_compat.engine.usage import TokenCountedArray, TokenIds, unit_rows
 
 # embedder: SentenceTransformer (text); sparse: SparseEncoder with SPLADE pooling; crossencoder
 # and classifier: CrossEncoder with one label / more; clip and clap: SentenceTransformer whose
 # modalities include image / audio besides text.
 TextKind = Literal["embedder", "sparse", "crossencoder", "classifier", "clip", "clap"]
-# Keys of preprocess's output that are per-token rows; anything else is per batch (modality).
-_PAD_KEYS = {"input_ids"}
 # Logits a SPLADE forward chunk may hold (rows x tokens x vocabulary): 64 M floats = 256 MB.
 SPARSE_LOGITS_BUDGET = 64 * 1024 * 1024
-
-
-@dataclass
-class Row:
-    """One input after preprocess: its tensors by key (token rows unpadded), its cost (the
-    tokens it takes), and what preprocess gave for its whole batch (its modality)."""
-
-    tensors: dict[str, Any]
-    length: int
-    shared: dict[str, Any] = field(default_factory=dict)
-    tokens: bool = True  # token rows are padded to a batch; pixel or audio rows are stacked
-    # Rows with the same group can share one forward pass (group_of; set when the row is
-    # made, on the preparation thread, so the forward thread only compares it).
-    group: tuple[Any, ...] = ()
-    # The input's own tokens (usage): `length` less a ColBERT query's expansion tokens,
-    # which cost a forward pass but were not sent.
-    used: int = -1
-    task: str | None = None  # a multi-vector model's mode ("query", "document"); None: none
-
-    def __post_init__(self) -> None:
-        if self.used < 0:
-            self.used = self.length
-
-
-def group_of(
-    shared: dict[str, Any], tensors: dict[str, Any] | None = None, task: str | None = None
-) -> tuple[Any, ...]:
-    """The group of token rows with these per-batch keys (and mode), or (given an input's
-    tensors) of a pixel or audio row: those stack only with rows of the same shapes."""
-    shapes = () if tensors is None else tuple(tuple(t.shape) for t in tensors.values())
-    keys = tuple(sorted((k, repr(v)) for k, v in shared.items()))
-    return (tensors is None, keys, shapes, task)
-
-
-# A ColBERT query's expansion tokens (sentence-transformers' query_expansion): attended to or
-# not, they are part of the row (MaxSim scores them), so a row runs to its last one.
-_EXPANSION = "query_expansion_positions"
-
-
-def split_rows(
-    features: dict[str, Any], left: bool, cost: int = 1, task: str | None = None
-) -> tuple[list[Row], dict[str, Any]]:
-    """preprocess's batch -> one Row per input, and the per-batch keys. With an attention
-    mask the rows are token rows (cut to their length: the attention mask's, or to the last
-    expansion token of a ColBERT query); without one (pixel values, audio features) each
-    input's tensors are kept whole at `cost` each."""
-    import torch
-
-    tensors = {k: v for k, v in features.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
-    mask = features.get("attention_mask")
-    if mask is not None:
-        n, width = mask.shape
-        per_row = {k: v for k, v in tensors.items() if tuple(v.shape) == (n, width)}
-    else:
-        n = min((int(v.shape[0]) for v in tensors.values()), default=0)
-        per_row = {k: v for k, v in tensors.items() if int(v.shape[0]) == n}
-    shared = {k: v for k, v in features.items() if k not in per_row}
-    if any(isinstance(v, torch.Tensor) for v in shared.values()):
-        raise ValueError("this model's inputs are not rows of one input each")
-    if mask is None:
-        rows = []
-        for i in range(n):
-            whole = {k: v[i] for k, v in per_row.items()}
-            rows.append(Row(whole, cost, shared, False, group_of(shared, whole, task), task=task))
-        return rows, shared
-    group = group_of(shared, task=task)
-    extent = mask.bool()
-    if _EXPANSION in per_row:
-        extent = extent | per_row[_EXPANSION].bool()
-    rows = []
-    for i, (length, used) in enumerate(
-        zip(extent.sum(dim=1).tolist(), mask.sum(dim=1).tolist(), strict=True)
-    ):
-        cut = slice(width - length, width) if left else slice(0, length)
-        tensors = {k: v[i, cut] for k, v in per_row.items()}
-        rows.append(Row(tensors, int(length), shared, True, group, int(used), task))
-    return rows, shared
-
-
-def collate(rows: Sequence[Row], shared: dict[str, Any], pad_id: int, left: bool) -> dict:
-    """Rows of one group -> one batch with the keys preprocess gives (token rows padded)."""
-    import torch
-
-    out: dict[str, Any] = {}
-    if not rows[0].tokens:
-        out = {k: torch.stack([r.tensors[k] for r in rows]) for k in rows[0].tensors}
-        out.update(shared)
-        return out
-    width = max(r.length for r in rows)
-    for key, first in rows[0].tensors.items():
-        fill = pad_id if key in _PAD_KEYS else 0
-        batch = torch.full((len(rows), width), fill, dtype=first.dtype)
-        for i, row in enumerate(rows):
-            t = row.tensors[key]
-            if left:
-                batch[i, width - len(t) :] = t
-            else:
-                batch[i, : len(t)] = t
-        out[key] = batch
-    out.update(shared)
-    return out
 
 
 class TextRunner:
@@ -172,6 +69,9 @@ class TextRunner:
         size, patch = getattr(vision, "image_size", 0), getattr(vision, "patch_size", 0)
         # Tokens one image is to a ViT: its patches and a class token.
         self.image_tokens = (size // patch) ** 2 + 1 if size and patch else 0
+        # what the library's model takes: "text", "image", "audio", and "message" for a model
+        # that renders its inputs through its chat template (prompts become a system message)
+        self.modalities = set(getattr(model, "modalities", None) or ["text"])
         self.sampling_rate: int | None = None  # the rate a CLAP model's audio must have
         if kind == "clap":  # its first module's processor (sentence-transformers' Transformer)
             extractor = getattr(getattr(model[0], "processor", None), "feature_extractor", None)
@@ -180,33 +80,50 @@ class TextRunner:
 
     # ------------------------------------------------------------ any thread (preparation)
 
-    def prepare(self, inputs: Sequence[Any], task: str | None = None) -> list[Row]:
-        """A caller's inputs -> rows. Texts (and (text, text) pairs for cross-encoders), images
-        and audio files go through the model's preprocess; TokenIds are taken as given, no
-        specials added. One call's inputs are of one modality (the engine's calls are).
-        `task` (a model with modes): "query" or "document", as encode_query /
-        encode_document prepare them (a caller's prompt is already in the text)."""
+    def prepare(
+        self, inputs: Sequence[Any], task: str | None = None, prompt: str | None = None
+    ) -> list[Row]:
+        """A caller's inputs -> rows. Texts (and (text, text) pairs for cross-encoders), images,
+        {"image", "text"} dicts (a vision-language model's) and audio files go through the
+        model's preprocess, each form in its own preprocess call; TokenIds are taken as
+        given, no specials added. `task` (a model with modes): "query" or "document", as
+        encode_query / encode_document prepare them. `prompt`: given to preprocess as the
+        library's encode(prompt=...) gives it (a system message for a model that renders
+        messages); a text model's callers put theirs in the text."""
         if task is not None and not self.modes:
             raise ValueError("this model has no query and document modes")
         if self.modes and task is None:
             task = "document"  # encode()'s and encode_document's side
         rows: list[Row | None] = [None] * len(inputs)
-        given = [i for i, x in enumerate(inputs) if not isinstance(x, TokenIds)]
-        if given:
-            batch = [inputs[i] for i in given]
-            if self.kind == "clap" and isinstance(batch[0], bytes | bytearray):
-                batch = [_audio(b) for b in batch]
-            extra = {} if task is None else {"task": task}
-            features = self.model.preprocess(batch, **extra)
-            made, _ = split_rows(features, self.left, self._cost(features), task)
-            for i, row in zip(given, made, strict=True):
-                rows[i] = row
+        forms: dict[str, list[int]] = {}
         for i, x in enumerate(inputs):
             if isinstance(x, TokenIds):
                 if task is not None:  # the mode's markers and expansion come from preprocess
                     raise ValueError("token-id inputs cannot be embedded in a query/document mode")
                 rows[i] = self._ids_row(x.ids)
+            else:
+                forms.setdefault(_form(x), []).append(i)
+        for given in forms.values():
+            batch = [inputs[i] for i in given]
+            if self.kind == "clap" and isinstance(batch[0], bytes | bytearray):
+                batch = [_audio(b) for b in batch]
+            for i, row in zip(given, self._preprocess(batch, task, prompt), strict=True):
+                rows[i] = row
         return [r for r in rows if r is not None]
+
+    def _preprocess(self, batch: list[Any], task: str | None, prompt: str | None) -> list[Row]:
+        extra: dict[str, Any] = {} if task is None else {"task": task}
+        if prompt:
+            extra["prompt"] = prompt
+        features = self.model.preprocess(batch, **extra)
+        try:
+            return split_rows(features, self.left, self._cost(features), task)[0]
+        except NotPerInput:  # several inputs' patches flattened together: one at a time
+            made: list[Row] = []
+            for item in batch:
+                one = self.model.preprocess([item], **extra)
+                made += split_rows(one, self.left, self._cost(one), task)[0]
+            return made
 
     def _cost(self, features: dict[str, Any]) -> int:
         """What one image or audio input costs the token budget: a ViT's tokens, or the
@@ -310,6 +227,11 @@ class TextRunner:
         if matrix.ndim == 1:
             matrix = matrix[:, None]
         return list(matrix)
+
+
+def _form(item: Any) -> str:
+    """Which preprocess call an input goes to: its Python form (text, pair, image, dict)."""
+    return type(item).__name__ if isinstance(item, str | tuple | dict | bytes) else "media"
 
 
 def _audio(raw: bytes) -> dict[str, Any]:
