@@ -93,6 +93,11 @@ class ModelCard(BaseModel):
     capabilities: list[str] | None = Field(
         None, description="embed, rerank, classify, image, audio (once the model has loaded)."
     )
+    modalities: list[str] | None = Field(
+        None,
+        description="Extension: what its inputs may be: text, image, audio (once the model has "
+        "loaded).",
+    )
     state: Literal["unloaded", "loading", "loaded", "unloading", "failed"] | None = Field(
         None, description="Extension: whether the model is in memory now (lazy models load on use)."
     )
@@ -129,8 +134,26 @@ class ModelList(BaseModel):
 TokenIds = list[StrictInt]
 # Tried left to right, token ids before strings: a long id array tried as strings first would
 # collect one error per id (seconds for a few hundred thousand ids).
+
+
+class ContentItem(BaseModel):
+    """Jina's input item (jina-embeddings-v4, jina-clip): a text, an image (an http(s) URL, a
+    data: URI or bare base64), or both (one vector for the pair, on a model that renders
+    messages)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: StrictStr | None = None
+    image: StrictStr | None = None
+
+
 EmbeddingInput = Annotated[
-    StrictStr | TokenIds | list[StrictStr] | list[TokenIds], Field(union_mode="left_to_right")
+    StrictStr
+    | TokenIds
+    | list[StrictStr]
+    | list[TokenIds]
+    | list[Annotated[StrictStr | ContentItem, Field(union_mode="left_to_right")]],
+    Field(union_mode="left_to_right"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""The int8 calibration cache (loading.calibrate): measured once, read back on later starts
+"""The int8 calibration cache (models/calibration.py): measured once, read back on later starts
 while it still matches the model, measured again when it does not."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from openai_compat.formats.compact import CALIBRATION_TEXTS
-from openai_compat.models.loading import calibrate, calibration_file
+from openai_compat.models.calibration import calibrate, calibration_file
 from openai_compat.settings import ModelConfig
 
 

@@ -13,8 +13,7 @@ import pytest
 
 from openai_compat.errors import RateLimited
 from openai_compat.formats.tokens import TokenCounter
-from openai_compat.inference import embed as inference
-from openai_compat.inference import scoring
+from openai_compat.inference import media, scoring
 from openai_compat.models.registry import ModelEntry
 from openai_compat.settings import ModelConfig, Settings
 from openai_compat.tenants.keys import Key
@@ -73,10 +72,10 @@ def _entry(engine: Recorder, caps: set[str], **kw: Any) -> ModelEntry:
 async def test_images_are_charged_before_the_model_runs(caller: Caller) -> None:
     engine = Recorder()
     entry = _entry(engine, {"image"}, image_tokens=50)
-    done = await inference.embed_media(entry, ["a", "b"], "image", SETTINGS, Fetcher())  # type: ignore[arg-type]
+    done = await media.embed_media(entry, ["a", "b"], "image", SETTINGS, Fetcher())  # type: ignore[arg-type]
     assert done.tokens == 100 and caller.reserved_tokens == 100
     with pytest.raises(RateLimited, match="Request too large"):  # 150 > the whole tpm of 100
-        await inference.embed_media(entry, ["a", "b", "c"], "image", SETTINGS, Fetcher())  # type: ignore[arg-type]
+        await media.embed_media(entry, ["a", "b", "c"], "image", SETTINGS, Fetcher())  # type: ignore[arg-type]
     assert engine.calls == ["image_embed"]  # the refused request never reached the model
 
 

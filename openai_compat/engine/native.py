@@ -144,6 +144,11 @@ class NativeEngine:
         return bool(self.runner.modes)
 
     @property
+    def modalities(self) -> frozenset[str]:
+        """What the model's inputs may be: "text", "image", "audio"."""
+        return frozenset(m for m in ("text", "image", "audio") if m in self.runner.modalities)
+
+    @property
     def messages(self) -> bool:
         """Whether the model renders inputs through its chat template (a VLM's "message"
         modality): a prompt is then given apart, as a system message, not in the text."""

@@ -113,6 +113,18 @@ class Prompts:
             return Prompt.of(self._choose(model, given), side)
         return self._choose(model, given)
 
+    def for_media(self, model: str, **fields: str | None) -> str:
+        """An image's prompt on a model that renders messages (a system message): what the
+        request asks for, else the document side (Cohere's input_type "image"): the model's
+        document prompt, or its default."""
+        given = [(k, v) for k, v in fields.items() if v is not None and v not in _NOT_A_PROMPT]
+        if given:
+            return self._choose(model, given)
+        for name in _SYNONYMS["document"]:
+            if name in self.prompts:
+                return self.prompts[name]
+        return self.select(None, "input_type", model)
+
     def _choose(self, model: str, given: list[tuple[str, str]]) -> str:
         if not given:
             return self.select(None, "input_type", model)

@@ -19,7 +19,6 @@ from openai_compat.engine.scheduler import EngineStopped, OutputTooLarge
 from openai_compat.engine.usage import TokenIds
 from openai_compat.errors import BadRequest, InputTooLong, ServiceUnavailable
 from openai_compat.formats.encoding import as_matrix
-from openai_compat.formats.media import IMAGE_META, MediaError, MediaFetcher, Modality
 from openai_compat.formats.prompts import mode_of
 from openai_compat.formats.sparse import check_finite as check_sparse_finite
 from openai_compat.formats.tokens import Names, input_names
@@ -182,7 +181,9 @@ async def _embed(
                 code="unsupported_input",
             )
         return await _embed_ids(entry, texts, settings, names, truncate)  # no prompt: as sent
-    if prompt:
+    # a VLM's prompt is a system message beside the text (the library's place for it)
+    system = str(prompt) if prompt and entry.messages else None
+    if prompt and system is None:
         texts = [prompt + t for t in texts]
     counter = entry.counter
     with entry.admit(len(texts), settings.max_queued_inputs), engine_errors():
@@ -191,12 +192,12 @@ async def _embed(
             # texts reach the engine cut a few tokens past the model's limit, and a key's
             # tokens-per-minute is charged before the model runs (tenants/limits.py).
             tokens, prepared = await counter.prepare(texts, truncate=truncate, names=names)
-            await reserve_tokens(tokens)
-            vectors, usage = await entry.embed(prepared, mode)
-            exact = settings.count_tokens or not truncate
+            await reserve_tokens(tokens)  # a VLM's: provisional (its template is the engine's)
+            vectors, usage = await entry.embed(prepared, mode, system)
+            exact = (settings.count_tokens or not truncate) and not entry.messages
             return EmbedResult(vectors, tokens if exact else int(usage))
-        if counter is None or not settings.count_tokens or entry.engine_counts:
-            vectors, usage = await entry.embed(list(texts), mode)
+        if counter is None or not settings.count_tokens or entry.engine_counts or entry.messages:
+            vectors, usage = await entry.embed(list(texts), mode, system)
             counted = adapter.engine_token_count(vectors) if settings.count_tokens else None
             return EmbedResult(vectors, int(usage) if counted is None else counted)
         tokens, (vectors, _) = await asyncio.gather(
@@ -296,44 +297,6 @@ async def embed_fitted(
     return await embed_texts(
         entry, texts, settings, names, prompt=prompt, truncate=keep is not None
     )
-
-
-async def embed_media(
-    entry: ModelEntry,
-    items: Sequence[str],
-    modality: Modality,
-    settings: Settings,
-    fetcher: MediaFetcher,
-    names: Names = input_names,
-) -> EmbedResult:
-    """Embed images or audio given as http(s) URLs or data: URIs (fetched safely first);
-    errors name item i as `names(i)`."""
-    param, _ = names(0)
-    check_count(len(items), settings.max_media_items, param, "media items")
-    rate = entry.sampling_rate if modality == "audio" else None
-    with entry.admit(len(items), settings.max_queued_inputs):
-        try:
-            payloads = await fetcher.fetch_all(items, modality, rate)
-        except MediaError as exc:
-            raise exc.renamed(*names(exc.index)) from None
-        if modality == "image":  # what usage will count, taken before the model runs
-            await reserve_tokens(entry.image_tokens * len(items))
-        with engine_errors():
-            vectors = await _media_engine_call(entry, modality, payloads)
-    # infinity-emb counts characters of an internal repr for media; report what the model
-    # sees instead: patches per image for a ViT, and no tokens for audio.
-    if modality == "image":
-        media = [p.info.get(IMAGE_META, {}) for p in payloads]
-        return EmbedResult(vectors, entry.image_tokens * len(items), media)
-    return EmbedResult(vectors, 0)
-
-
-async def _media_engine_call(entry: ModelEntry, modality: Modality, payloads: list[Any]) -> Any:
-    if modality == "image":
-        vectors, _ = await entry.engine.image_embed(images=payloads)
-    else:
-        vectors, _ = await entry.engine.audio_embed(audios=payloads)
-    return vectors
 
 
 def check_dimensions(dimensions: int | None, entry: ModelEntry, param: str = "dimensions") -> None:

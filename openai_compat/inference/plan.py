@@ -35,12 +35,12 @@ from openai_compat.inference.embed import (
     EmbedResult,
     check_dimensions,
     embed_fitted,
-    embed_media,
     embed_texts,
     texts_from_input,
     truncate_for,
 )
 from openai_compat.inference.long_inputs import LongResult, embed_late, embed_long, mean_by_setting
+from openai_compat.inference.media import embed_media
 from openai_compat.models.registry import ModelEntry
 from openai_compat.settings import Settings
 
@@ -55,7 +55,7 @@ class EmbedPlan:
     # what to embed: texts (a string, strings, token ids, arrays of them), media URLs or
     # data: URIs, each at its client index where the two are mixed (Cohere's inputs)
     texts: str | Sequence[Any] | None = None
-    media: Sequence[str] | None = None
+    media: Sequence[str | tuple[str, str]] | None = None  # (image, text): a VLM's pair
     modality: Modality = "image"
     text_at: Sequence[int] | None = None
     media_at: Sequence[int] | None = None
@@ -174,8 +174,13 @@ async def run(
     if plan.media is not None:
         if fetcher is None:
             raise RuntimeError("a plan with media needs the app's media fetcher")
+        system = None
+        if entry.messages:  # a VLM: its system prompt, the document side unless asked
+            system = entry.prompts.for_media(
+                entry.name, input_type=plan.input_type, prompt_name=plan.prompt_name, task=plan.task
+            )
         result = await embed_media(
-            entry, plan.media, plan.modality, settings, fetcher, plan.media_names
+            entry, plan.media, plan.modality, settings, fetcher, plan.media_names, system
         )
         done.media = result.media
         parts.append((plan.media_at, result))

@@ -54,6 +54,11 @@ class ModelEntry:
     image_tokens: int = 0  # tokens one image is to the model (ViT patches + class token)
     sampling_rate: int | None = None  # what audio inputs must be sampled at
     cosine_rerank: bool = False  # reranks by embedding similarity (no cross-encoder)
+    # what its inputs may be ("text", "image", "audio": GET /v1/models says), and whether it
+    # renders them through its chat template (a VLM: a prompt is a system message, given to
+    # the engine apart from the text)
+    modalities: frozenset[str] = frozenset({"text"})
+    messages: bool = False
     prompts: Prompts = field(default_factory=Prompts)
     quantizer: Quantizer | None = None  # int8/uint8 ranges (see formats/compact.py)
     feeder: Feeder | None = None  # embed calls in length-sorted waves (engine/infinity/feeder.py)
@@ -129,20 +134,31 @@ class ModelEntry:
         held = self.feeder.waiting if self.feeder is not None else 0
         return adapter.queue_length(self.engine) + held
 
-    async def embed(self, texts: list[str], mode: str | None = None) -> tuple[list[Any], int]:
+    async def embed(
+        self, texts: list[str], mode: str | None = None, prompt: str | None = None
+    ) -> tuple[list[Any], int]:
         """The engine's embed (vectors, usage), through the exact cache (cache.py) and the
-        feeder where there are. `mode` ("query", "document"): a model with modes only."""
+        feeder where there are. `mode` ("query", "document"): a model with modes only;
+        `prompt`: a model with messages only (its system prompt, part of the cache's key)."""
         if mode is not None and not self.modes:
             raise RuntimeError(f"model {self.name!r} has no query and document modes")
+        if prompt and not self.messages:
+            raise RuntimeError(f"model {self.name!r} takes its prompt in the text")
 
         async def compute(todo: list[str]) -> tuple[list[Any], int]:
-            return await self._embed(todo, mode)
+            return await self._embed(todo, mode, prompt)
 
         if self.cache is not None:
-            return await self.cache.embed(self.name, texts, compute, mode=mode)
+            keyed = mode if not prompt else f"{mode}|system:{prompt}"
+            return await self.cache.embed(self.name, texts, compute, mode=keyed)
         return await compute(texts)
 
-    async def _embed(self, texts: list[str], mode: str | None) -> tuple[list[Any], int]:
+    async def _embed(
+        self, texts: list[str], mode: str | None, prompt: str | None = None
+    ) -> tuple[list[Any], int]:
+        if prompt:  # the native engine: a VLM's system prompt
+            prompted: tuple[list[Any], int] = await self.engine.embed(texts, None, prompt)
+            return prompted
         if mode is not None:  # the native engine (and Ray replicas of it): no feeder
             moded: tuple[list[Any], int] = await self.engine.embed(texts, mode)
             return moded

@@ -74,17 +74,22 @@ class ModelServer:
         }
 
     async def embed(
-        self, texts: list[str], task: str | None = None, background: bool = False
+        self,
+        texts: list[str],
+        task: str | None = None,
+        background: bool = False,
+        prompt: str | None = None,
     ) -> tuple[dict[str, Any], int]:
         with self._serving("embed", len(texts), background):
-            vectors, usage = await self.entry.embed(texts, task)
+            vectors, usage = await self.entry.embed(texts, task, prompt)
         return pack(vectors), usage
 
     async def image_embed(
-        self, images: list[Any], background: bool = False
+        self, images: list[Any], background: bool = False, prompt: str | None = None
     ) -> tuple[dict[str, Any], int]:
         with self._serving("image_embed", len(images), background):
-            vectors, usage = await self.entry.engine.image_embed(images=images)
+            options = {"prompt": prompt} if prompt else {}
+            vectors, usage = await self.entry.engine.image_embed(images=images, **options)
         return pack(vectors), usage
 
     async def audio_embed(

@@ -96,12 +96,12 @@ class RemoteEngine:
         self.id2label: dict[str, str] = description.get("id2label") or {}
         self.pooling_mode: str | None = description.get("pooling_mode")
 
-    async def _call(self, method: str, *args: Any) -> Any:
+    async def _call(self, method: str, *args: Any, **options: Any) -> Any:
         """One call to the deployment; a Batch API line's (inside feeder.background()) says
         so, and the model replica runs it after live requests."""
         call: Callable[..., Awaitable[Any]] = getattr(self.handle, method).remote
         try:
-            return await call(*args, background=in_background())
+            return await call(*args, background=in_background(), **options)
         except Exception as exc:
             if any(t.__name__ in _UNAVAILABLE for t in type(exc).__mro__):
                 raise ServiceUnavailable(
@@ -113,14 +113,18 @@ class RemoteEngine:
             raise
 
     async def embed(
-        self, sentences: Sequence[str], task: str | None = None
+        self, sentences: Sequence[str], task: str | None = None, prompt: str | None = None
     ) -> tuple[list[Any], int]:
         args: tuple[Any, ...] = (list(sentences),) if task is None else (list(sentences), task)
-        packed, usage = await self._call("embed", *args)
+        options = {"prompt": prompt} if prompt else {}
+        packed, usage = await self._call("embed", *args, **options)
         return unpack(packed), usage
 
-    async def image_embed(self, *, images: Sequence[Any]) -> tuple[list[Any], int]:
-        packed, usage = await self._call("image_embed", list(images))
+    async def image_embed(
+        self, *, images: Sequence[Any], prompt: str | None = None
+    ) -> tuple[list[Any], int]:
+        options = {"prompt": prompt} if prompt else {}
+        packed, usage = await self._call("image_embed", list(images), **options)
         return unpack(packed), usage
 
     async def audio_embed(self, *, audios: Sequence[Any]) -> tuple[list[Any], int]:
@@ -199,6 +203,8 @@ ENTRY_FIELDS = (
     "image_tokens",
     "sampling_rate",
     "cosine_rerank",
+    "modalities",
+    "messages",
     "prompts",
     "quantizer",
     "created",

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from openai_compat.api.items import item_plan
 from openai_compat.api.request import (
     body_openapi,
     media_of,
@@ -22,7 +23,12 @@ from openai_compat.formats.sparse import check_options, embedding_object
 from openai_compat.inference.long_inputs import long_payload
 from openai_compat.inference.plan import Embedded, EmbedPlan, run
 from openai_compat.models.registry import ModelEntry
-from openai_compat.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingResponse
+from openai_compat.protocol import (
+    ERROR_RESPONSES,
+    ContentItem,
+    EmbeddingRequest,
+    EmbeddingResponse,
+)
 
 router = APIRouter(tags=["embeddings"])
 
@@ -60,6 +66,9 @@ async def serve_embeddings(
     registry = ready_registry(request)
     modality = body.modality or "text"
     named = await registry.resolve(body.model)
+    items = content_items(body.input)
+    if items is not None:  # Jina's items: texts, images and pairs in one request, in order
+        return await _serve_items(request, body, named, items, dimensions, renormalize)
     if not (named.sparse and modality == "text"):
         named = registry.check(named, body.model, "embed" if modality == "text" else modality)
     sparse_only = "return_tokens" if body.return_tokens else None
@@ -102,6 +111,42 @@ async def serve_embeddings(
     payload = embedding_payload(
         done.vectors,
         fmt=fmt,
+        dimensions=dimensions,
+        model=body.model,
+        prompt_tokens=done.tokens,
+        renormalize=renormalize,
+    )
+    return Response(payload, media_type="application/json")
+
+
+def content_items(given: Any) -> list[ContentItem] | None:
+    """Jina's input items, where `input` holds any (plain strings among them are texts)."""
+    if not isinstance(given, list) or not any(isinstance(i, ContentItem) for i in given):
+        return None
+    return [ContentItem(text=i) if isinstance(i, str) else i for i in given]
+
+
+async def _serve_items(
+    request: Request,
+    body: EmbeddingRequest,
+    entry: ModelEntry,
+    items: list[ContentItem],
+    dimensions: int | None,
+    renormalize: bool,
+) -> Response:
+    """Texts, images and (image, text) pairs in the client's order, one vector each."""
+    plan = EmbedPlan(
+        **item_plan(entry, items, "input"),
+        input_type=body.input_type,
+        prompt_name=body.prompt_name,
+        task=body.task,
+        dimensions=dimensions,
+    )
+    done = await run(entry, plan, settings_of(request), media_of(request))
+    note(request, entry.name, done.count, done.tokens)
+    payload = embedding_payload(
+        done.vectors,
+        fmt=body.encoding_format or "float",
         dimensions=dimensions,
         model=body.model,
         prompt_tokens=done.tokens,

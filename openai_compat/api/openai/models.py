@@ -25,6 +25,7 @@ def card(entry: ModelEntry, id: str) -> dict[str, Any]:
         owned_by=entry.owned_by,
         root=entry.name,
         capabilities=sorted(entry.capabilities),
+        modalities=[m for m in ("text", "image", "audio") if m in entry.modalities],
         dimensions=entry.dimensions,
         matryoshka_dimensions=entry.config.matryoshka_dimensions,
         max_input_tokens=entry.max_length,
