@@ -417,7 +417,7 @@ def test_output_dimension_cuts_and_renormalises(srv: RemoteServer, st_model: Any
                 ]
             },
             400,
-            "inputs[0]: each input must be text parts or exactly one image",
+            "cannot embed images",  # a text and an image: one vector on a VLM, not on e5
         ),
     ],
 )

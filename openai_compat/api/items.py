@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from openai_compat.errors import BadRequest
+from openai_compat.inference.page_rerank import Document
 from openai_compat.models.registry import ModelEntry
 
 # Bare base64 (Jina's `image` takes it besides URLs and data: URIs) becomes a data: URI.
@@ -73,3 +74,30 @@ def item_plan(
         "names": lambda k: (param, f"{param}[{text_at[k]}]"),
         "media_names": lambda k: (param, f"{param}[{media_at[k]}]"),
     }
+
+
+def image_documents(
+    entry: ModelEntry, documents: Sequence[Any], rank_fields: Sequence[str] | None
+) -> list[Document] | None:
+    """Rerank documents with images among them ({"image": ...} or {"image": ..., "text":
+    ...} objects beside strings: jina-reranker-m0's shape), checked against the model; None
+    when there is no image (the text path ranks them)."""
+    if rank_fields or not any(isinstance(d, dict) and "image" in d for d in documents):
+        return None
+    docs = []
+    for i, doc in enumerate(documents):
+        if isinstance(doc, str):
+            docs.append(Document(text=doc))
+            continue
+        label = f"documents[{i}]"
+        image, text = doc.get("image"), doc.get("text")
+        if (image is not None and not isinstance(image, str)) or (
+            text is not None and not isinstance(text, str)
+        ):
+            raise BadRequest(f"{label}: 'image' and 'text' must be strings.", param=label)
+        if image is None and text is None:
+            raise BadRequest(f"{label} has neither 'text' nor 'image'.", param=label)
+        if image is not None:
+            check_image(entry, label, label, paired=text is not None)
+        docs.append(Document(text=text, image=None if image is None else media_url(image)))
+    return docs

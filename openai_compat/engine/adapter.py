@@ -110,7 +110,9 @@ def folder_prompts(replica: Any) -> tuple[dict[str, str], str | None]:
     """The prompts sentence-transformers read from the model folder
     (config_sentence_transformers.json) and its default prompt name, for text embedders
     (dense or sparse); none for other kinds."""
-    if kind_of(replica) not in ("embedder", "sparse"):
+    kind = kind_of(replica)
+    # a native "clip" is also a vision-language embedder, whose prompts are system messages
+    if kind not in ("embedder", "sparse") and not (kind == "clip" and is_native(replica)):
         return {}, None
     replica = sentence_transformer(replica)
     prompts = attr(replica, "prompts", "SentenceTransformer") or {}

@@ -271,11 +271,11 @@ class ModelLoader:
             registry.engines.append(engine)
             await engine.astart()
             entry = await describe(config, engine, self.cl100k, export_dir or default_export_dir())
-            bound = getattr(engine, "bound_output", None)
-            if entry.multivector and bound is not None and self.max_multivector_values:
-                bound(entry.dimensions, self.max_multivector_values)
             if config.model_warmup:
                 await warm_up(entry)
+            bound = getattr(engine, "bound_output", None)  # clients' calls, not the warm-up's
+            if entry.multivector and bound is not None and self.max_multivector_values:
+                bound(entry.dimensions, self.max_multivector_values)
         except BaseException as exc:
             if engine is not None:  # a lazy load that failed must not leave its engine behind
                 await _stop_quietly(registry, engine)

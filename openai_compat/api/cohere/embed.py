@@ -20,6 +20,7 @@ from openai_compat.api.cohere.protocol import (
     EmbedRequestV1,
     EmbedRequestV2,
 )
+from openai_compat.api.items import check_image
 from openai_compat.api.request import (
     body_openapi,
     media_of,
@@ -50,7 +51,7 @@ class _Inputs:
         self.param = param
         self.texts: list[str] = []
         self.text_at: list[int] = []  # client index of each text
-        self.images: list[str] = []
+        self.images: list[str | tuple[str, str]] = []  # (image, text): one content list's
         self.image_at: list[int] = []
         self.count = 0
 
@@ -59,7 +60,7 @@ class _Inputs:
         self.text_at.append(self.count)
         self.count += 1
 
-    def add_image(self, url: str) -> None:
+    def add_image(self, url: str | tuple[str, str]) -> None:
         self.images.append(url)
         self.image_at.append(self.count)
         self.count += 1
@@ -99,17 +100,18 @@ def _inputs(body: EmbedRequestV1) -> _Inputs:
                     f"inputs[{i}]: a text part needs 'text' and an image_url part 'image_url.url'.",
                     param=f"inputs[{i}]",
                 )
-            if (images and (texts or len(images) > 1)) or not (texts or images):
+            if len(images) > 1 or not (texts or images):
                 raise BadRequest(
-                    f"inputs[{i}]: each input must be text parts or exactly one image; this "
-                    "server does not fuse text and images into one vector.",
+                    f"inputs[{i}]: each input is text parts and at most one image (one vector "
+                    "per content list).",
                     param=f"inputs[{i}]",
                     code="unsupported_input",
                 )
-            if images:
-                inputs.add_image(images[0])
+            text = " ".join(t for t in texts if t is not None)
+            if images:  # with text parts: one vector for the pair, whatever their order
+                inputs.add_image((images[0], text) if texts else images[0])
             else:
-                inputs.add_text(" ".join(t for t in texts if t is not None))
+                inputs.add_text(text)
     return inputs
 
 
@@ -117,6 +119,9 @@ async def _entry(registry: Registry, body: EmbedRequestV1, inputs: _Inputs) -> M
     entry = await registry.require(body.model, "embed" if inputs.texts else "image")
     if inputs.texts and inputs.images:
         registry.check(entry, body.model, "image")
+    for image, at in zip(inputs.images, inputs.image_at, strict=True):
+        label = f"{inputs.param}[{at}]"
+        check_image(entry, label, label, paired=isinstance(image, tuple))
     if entry.multivector:
         raise BadRequest(
             f"Model {entry.name!r} gives one vector per token; Cohere's embed response holds "

@@ -15,8 +15,17 @@ from openai_compat.api.cohere.protocol import (
     RerankRequestV2,
     RerankResponse,
 )
-from openai_compat.api.request import body_openapi, note, read_body, ready_registry, settings_of
+from openai_compat.api.items import image_documents
+from openai_compat.api.request import (
+    body_openapi,
+    media_of,
+    note,
+    read_body,
+    ready_registry,
+    settings_of,
+)
 from openai_compat.formats.encoding import orjson_response
+from openai_compat.inference.page_rerank import rerank_documents
 from openai_compat.inference.scoring import RerankResult, check_top_n, document_texts, rerank_texts
 
 router = APIRouter(tags=["rerank"])
@@ -54,10 +63,15 @@ async def _rerank(request: Request, model: type[RerankRequest], version: str) ->
     body = await read_body(request, model)
     entry = await registry.require(body.model, "rerank")
     check_top_n(body.top_n)
-    texts = document_texts(body.documents, body.rank_fields)
-    result = await rerank_texts(
-        entry, body.query, texts, settings, max_tokens_per_doc=body.max_tokens_per_doc
-    )
+    pages = image_documents(entry, body.documents, body.rank_fields)
+    if pages is not None:  # images among the documents: the model's own way to score them
+        result = await rerank_documents(entry, body.query, pages, settings, media_of(request))
+        texts = [d.text or "" for d in pages]
+    else:
+        texts = document_texts(body.documents, body.rank_fields)
+        result = await rerank_texts(
+            entry, body.query, texts, settings, max_tokens_per_doc=body.max_tokens_per_doc
+        )
     note(request, entry.name, len(texts), result.tokens)
     return orjson_response(rerank_payload(body, result, texts, version))
 

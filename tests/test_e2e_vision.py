@@ -1,0 +1,262 @@
+"""Visual document retrieval and vision-language models end to end (#53): ColPali and ColQwen2
+page images, a vision-language embedder and a multimodal reranker (tests/fixtures/
+tiny_vision.py), each served from its folder alone, in every peer's input shape, through the
+openai and cohere SDKs where they exist. Every served number is compared with the library's
+own computation on the same folder (MultiVectorEncoder.encode_document / encode_query /
+similarity, SentenceTransformer.encode, CrossEncoder.predict): vectors within 1e-5, orders
+exactly. Images go as data: URIs, in orders other than the library's."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cohere
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.utils import RemoteServer, server_with
+
+pytestmark = pytest.mark.slow
+
+TOL = 1e-5
+# 20 token vectors of 16 values a ColPali page: the bound lets 3 pages through, not 4
+BOUND = 1000
+
+
+def _image(seed: int, size: tuple[int, int] = (90, 70)) -> Any:
+    from PIL import Image
+
+    rng = np.random.RandomState(seed)
+    return Image.fromarray((rng.rand(size[1], size[0], 3) * 255).astype("uint8"))
+
+
+def _uri(img: Any) -> str:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+PAGES = [_image(1), _image(2, (120, 60)), _image(3, (64, 64))]
+URIS = [_uri(p) for p in PAGES]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from tests.fixtures import tiny_vision as tv
+
+    root = tmp_path_factory.mktemp("vision")
+    return {
+        "colpali": tv.build_colpali(root / "colpali"),
+        "colqwen2": tv.build_colqwen2(root / "colqwen2"),
+        "vl": tv.build_vl_embedder(root / "vl"),
+        "vlrerank": tv.build_vl_reranker(root / "vlrerank"),
+    }
+
+
+@pytest.fixture(scope="module")
+def srv(
+    tmp_path_factory: pytest.TempPathFactory, folders: dict[str, Path]
+) -> Iterator[RemoteServer]:
+    models = [{"name": n, "model": str(f)} for n, f in folders.items()]
+    models.append({"name": "minilm", "model": "builtin:all-MiniLM-L6-v2"})
+    args = ["--max-multivector-values", str(BOUND), "--cache-bytes", "0"]
+    with server_with(tmp_path_factory.mktemp("cfg"), models, args) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def library(folders: dict[str, Path]) -> dict[str, Any]:
+    from sentence_transformers import CrossEncoder, MultiVectorEncoder, SentenceTransformer
+
+    return {
+        "colpali": MultiVectorEncoder(str(folders["colpali"]), device="cpu"),
+        "colqwen2": MultiVectorEncoder(str(folders["colqwen2"]), device="cpu"),
+        "vl": SentenceTransformer(str(folders["vl"]), device="cpu"),
+        "vlrerank": CrossEncoder(str(folders["vlrerank"]), device="cpu"),
+    }
+
+
+def _close(got: Any, want: Any) -> None:
+    np.testing.assert_allclose(np.asarray(got, dtype=np.float32), np.asarray(want), atol=TOL)
+
+
+def _rows(item: Any) -> np.ndarray:
+    """A multi-vector item as the openai SDK hands it back: rows of floats, or (its default
+    base64, which it decodes to one flat list) the flat values, shaped by `shape`."""
+    if isinstance(item.embedding, str):
+        flat = np.frombuffer(base64.b64decode(item.embedding), dtype="<f4")
+    else:
+        flat = np.asarray(item.embedding, dtype=np.float32)
+    return flat.reshape(item.model_extra["shape"])
+
+
+@pytest.mark.parametrize("name", ["colpali", "colqwen2"])
+def test_page_images_are_encode_documents_token_vectors(
+    srv: RemoteServer, library: dict[str, Any], name: str
+) -> None:
+    model = library[name]
+    order = [2, 0, 1]  # not the library's order
+    want = model.encode_document([PAGES[i] for i in order])
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    for fmt in ("float", "base64"):
+        got = client.embeddings.create(
+            model=name,
+            input=[URIS[i] for i in order],
+            encoding_format=fmt,  # type: ignore[arg-type]
+            extra_body={"modality": "image"},
+        )
+        for item, w in zip(got.data, want, strict=True):
+            assert item.model_extra["shape"] == list(w.shape)
+            _close(_rows(item), w.numpy())
+        # usage: the processor's input_ids (image tokens and its prompt) of each page
+        lengths = model.preprocess([PAGES[i] for i in order], task="document")["attention_mask"]
+        assert got.usage.prompt_tokens == int(lengths.sum())
+    queries = ["what is the total amount", "where is the tower"]
+    asked = client.embeddings.create(model=name, input=queries, extra_body={"input_type": "query"})
+    for item, w in zip(asked.data, model.encode_query(queries), strict=True):
+        _close(_rows(item), w.numpy())
+
+
+@pytest.mark.parametrize("name", ["colpali", "colqwen2"])
+def test_rerank_page_images_by_maxsim_as_the_library_scores(
+    srv: RemoteServer, library: dict[str, Any], name: str
+) -> None:
+    model = library[name]
+    query = "what is the total amount"
+    want = model.similarity(model.encode_query([query]), model.encode_document(PAGES))[0]
+    body = {"model": name, "query": query, "documents": [{"image": u} for u in URIS]}
+    got = httpx.post(srv.url + "/v2/rerank", json=body, timeout=60).json()["results"]
+    order = [int(i) for i in np.argsort(-want.numpy(), kind="stable")]
+    assert [r["index"] for r in got] == order
+    for r in got:
+        assert r["relevance_score"] == pytest.approx(float(want[r["index"]]), abs=1e-4)
+
+
+def test_page_vectors_count_toward_the_response_bound(srv: RemoteServer) -> None:
+    """4 pages x 20 vectors x 16 values = 1,280 > the server's 1,000: a 400 naming the
+    limit, before any work; 3 pages (960) are served."""
+    url = srv.url + "/v1/embeddings"
+    body = {"model": "colpali", "input": [*URIS, URIS[0]], "modality": "image"}
+    refused = httpx.post(url, json=body, timeout=60)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "output_too_large" and "max_multivector_values" in error["message"]
+    assert httpx.post(url, json={**body, "input": URIS}, timeout=60).status_code == 200
+
+
+def test_a_vl_embedder_takes_jinas_items_in_order(
+    srv: RemoteServer, library: dict[str, Any]
+) -> None:
+    """Texts, images and image+text in one request, in the client's order; images on the
+    document side (the model's document prompt as its system message)."""
+    st = library["vl"]
+    items = [
+        {"image": URIS[1], "text": "red photo"},
+        {"text": "what is the total amount"},
+        {"image": URIS[0]},
+        {"image": URIS[2].split(",", 1)[1]},  # Jina's bare base64
+    ]
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    got = client.embeddings.create(model="vl", input=items)  # type: ignore[arg-type]
+    want = [
+        st.encode({"image": PAGES[1], "text": "red photo"}, prompt_name="document"),
+        st.encode("what is the total amount"),
+        st.encode(PAGES[0], prompt_name="document"),
+        st.encode(PAGES[2], prompt_name="document"),
+    ]
+    for item, w in zip(got.data, want, strict=True):
+        _close(item.embedding, w)
+    as_query = client.embeddings.create(
+        model="vl", input=["what is the total amount"], extra_body={"input_type": "query"}
+    )
+    _close(as_query.data[0].embedding, st.encode("what is the total amount", prompt_name="query"))
+    images = client.embeddings.create(
+        model="vl", input=URIS[:2], encoding_format="base64", extra_body={"modality": "image"}
+    )
+    for item, img in zip(images.data, PAGES[:2], strict=True):
+        _close(
+            np.frombuffer(base64.b64decode(item.embedding), "<f4"),
+            st.encode(img, prompt_name="document"),
+        )  # type: ignore[arg-type]
+
+
+def test_cohere_images_and_v4_content_lists_on_a_vl_embedder(
+    srv: RemoteServer, library: dict[str, Any]
+) -> None:
+    st = library["vl"]
+    co = cohere.ClientV2(base_url=srv.url, api_key="x")
+    got = co.embed(model="vl", images=URIS[:2], input_type="image", embedding_types=["float"])
+    for vector, img in zip(got.embeddings.float_ or [], PAGES[:2], strict=True):
+        _close(vector, st.encode(img, prompt_name="document"))
+    parts_a = [
+        {"type": "text", "text": "red photo"},
+        {"type": "image_url", "image_url": {"url": URIS[1]}},
+    ]
+    inputs = [{"content": parts_a}, {"content": parts_a[::-1]}, {"content": parts_a[:1]}]
+    got = co.embed(
+        model="vl",
+        inputs=inputs,  # type: ignore[arg-type]
+        input_type="search_document",
+        embedding_types=["float"],
+    )
+    pair = st.encode({"image": PAGES[1], "text": "red photo"}, prompt_name="document")
+    vectors = got.embeddings.float_ or []
+    _close(vectors[0], pair)
+    _close(vectors[1], pair)  # whatever order the parts come in
+    _close(vectors[2], st.encode("red photo", prompt_name="document"))
+
+
+def test_a_multimodal_reranker_scores_as_crossencoder_predict(
+    srv: RemoteServer, library: dict[str, Any]
+) -> None:
+    ce = library["vlrerank"]
+    query = "what is the total amount"
+    docs: list[Any] = [
+        "a page of text",
+        {"image": URIS[2]},
+        {"image": URIS[0], "text": "red photo"},
+    ]
+    want = ce.predict(
+        [
+            (query, "a page of text"),
+            (query, PAGES[2]),
+            (query, {"image": PAGES[0], "text": "red photo"}),
+        ]
+    )
+    for path in ("/v1/rerank", "/v2/rerank"):  # Jina's / Cohere v1 shape, Cohere v2
+        body = {"model": "vlrerank", "query": query, "documents": docs, "return_documents": True}
+        got = httpx.post(srv.url + path, json=body, timeout=60).json()["results"]
+        assert [r["index"] for r in got] == [int(i) for i in np.argsort(-want, kind="stable")]
+        for r in got:
+            assert r["relevance_score"] == pytest.approx(float(want[r["index"]]), abs=TOL)
+            assert r["document"] == (
+                {"text": docs[r["index"]]}
+                if isinstance(docs[r["index"]], str)
+                else docs[r["index"]]
+            )
+
+
+def test_images_to_a_text_only_model_and_models_modalities(srv: RemoteServer) -> None:
+    url = srv.url + "/v1/embeddings"
+    body = {"model": "minilm", "input": [{"text": "hi"}, {"image": URIS[0]}]}
+    refused = httpx.post(url, json=body).json()["error"]
+    assert refused["message"].startswith("input[1]: model 'minilm' takes text only")
+    paired = httpx.post(url, json={"model": "colpali", "input": [{"image": URIS[0], "text": "x"}]})
+    assert paired.status_code == 400 and "not the two as one input" in paired.text
+    cards = {m["id"]: m for m in httpx.get(srv.url + "/v1/models").json()["data"]}
+    assert cards["minilm"]["modalities"] == ["text"]
+    for name in ("colpali", "colqwen2", "vl", "vlrerank"):
+        assert cards[name]["modalities"] == ["text", "image"], name
+
+
+def test_infinitys_image_route_on_the_new_kinds(srv: RemoteServer, library: dict[str, Any]) -> None:
+    got = httpx.post(
+        srv.url + "/embeddings_image", json={"model": "vl", "input": URIS[:1]}, timeout=60
+    ).json()
+    _close(got["data"][0]["embedding"], library["vl"].encode(PAGES[0], prompt_name="document"))
