@@ -53,6 +53,9 @@ HUB_STAND_INS = {
     "lightonai/GTE-ModernColBERT-v1": "colbert",
     "Alibaba-NLP/gte-modernbert-base": "modernbert",
     "google/embeddinggemma-300m": "gemma3",
+    # configs/visual.toml: tiny models of each kind (tests/fixtures/tiny_vision.py)
+    "vidore/colpali-v1.3-hf": "colpali",
+    "vidore/colqwen2-v1.0-hf": "colqwen2",
 }
 
 
@@ -171,6 +174,11 @@ def hub_cache(
         "splade": splade_path,
     }
     local.update(families.build(tmp_path_factory.mktemp("families"), minilm_path))
+    from tests.fixtures import tiny_vision
+
+    vision = tmp_path_factory.mktemp("vision")
+    local["colpali"] = tiny_vision.build_colpali(vision / "colpali")
+    local["colqwen2"] = tiny_vision.build_colqwen2(vision / "colqwen2")
     cache = tmp_path_factory.mktemp("hub-cache")
     for repo, stand_in in HUB_STAND_INS.items():
         seed(cache, repo, local[stand_in])

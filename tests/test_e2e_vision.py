@@ -260,3 +260,23 @@ def test_infinitys_image_route_on_the_new_kinds(srv: RemoteServer, library: dict
         srv.url + "/embeddings_image", json={"model": "vl", "input": URIS[:1]}, timeout=60
     ).json()
     _close(got["data"][0]["embedding"], library["vl"].encode(PAGES[0], prompt_name="document"))
+
+
+def test_a_batch_line_carries_page_images_as_data_uris(
+    srv: RemoteServer, library: dict[str, Any]
+) -> None:
+    from tests.utils import run_batch
+
+    lines = [
+        {"custom_id": "pages", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "vl", "input": [{"image": URIS[0]}, {"text": "red photo"}]}},
+    ]  # fmt: skip
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    job = run_batch(client, lines, timeout=120)
+    assert job.status == "completed" and job.output_file_id is not None
+    import json
+
+    (row,) = [json.loads(r) for r in client.files.content(job.output_file_id).text.splitlines()]
+    data = row["response"]["body"]["data"]
+    _close(data[0]["embedding"], library["vl"].encode(PAGES[0], prompt_name="document"))
+    _close(data[1]["embedding"], library["vl"].encode("red photo"))
