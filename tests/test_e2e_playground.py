@@ -44,11 +44,18 @@ def srv(
         {"name": "reranker", "model": trained_models["reranker"]},
         {"name": "clip", "model": tiny_media_models["clip"]},
         {"name": "splade", "model": splade_path},
+        {"name": "colpali", "model": str(_colpali(tmp_path_factory))},
     ]
     data = tmp_path_factory.mktemp("playground-data")
     folder = tmp_path_factory.mktemp("cfg")
     with server_with(folder, models, ["--data-dir", str(data)]) as server:
         yield server
+
+
+def _colpali(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.fixtures.tiny_vision import build_colpali
+
+    return build_colpali(tmp_path_factory.mktemp("colpali") / "colpali")
 
 
 class Page:
@@ -302,11 +309,47 @@ def test_server_panel_shows_the_models_and_live_metrics(page: Page, srv: RemoteS
     page.shot("server")
 
 
+def test_page_search_ranks_page_images_as_the_rerank_api_does(
+    page: Page, srv: RemoteServer
+) -> None:
+    """The pages panel: a few page images dropped, a query, the pages ranked with their
+    MaxSim scores (the API's own answer), the best one named and shown first."""
+    import base64
+
+    shots = [png(60, 80, (200, 30, 30)), png(80, 60, (30, 200, 30)), png(70, 70, (30, 30, 200))]
+    names = ["red.png", "green.png", "blue.png"]
+    query = "what is the total amount"
+    p = page.page
+    page.tab("pages")
+    p.select_option("#pages-model", "colpali")
+    files = [
+        {"name": n, "mimeType": "image/png", "buffer": b} for n, b in zip(names, shots, strict=True)
+    ]
+    p.set_input_files("#pages-files", files=files)
+    p.fill("#pages-query", query)
+    p.click("#pages-run")
+    p.wait_for_selector("#pages-list li")
+    uris = ["data:image/png;base64," + base64.b64encode(b).decode() for b in shots]
+    api = _post(
+        srv,
+        "/v1/rerank",
+        {"model": "colpali", "query": query, "documents": [{"image": u} for u in uris]},
+    )
+    shown = p.eval_on_selector_all(
+        "#pages-list li", "items => items.map(li => [li.dataset.name, +li.dataset.score])"
+    )
+    assert [n for n, _ in shown] == [names[r["index"]] for r in api["results"]]
+    for (_, score), r in zip(shown, api["results"], strict=True):
+        assert score == pytest.approx(r["relevance_score"], abs=1e-9)
+    assert p.text_content("#pages-best") == f"Best page: {names[api['results'][0]['index']]}"
+    page.shot("pages")
+
+
 def test_every_panel_fits_a_phone_screen(browser: Any, srv: RemoteServer) -> None:
     phone = Page(browser, srv.url, viewport={"width": 390, "height": 844}, is_mobile=True)
     p = phone.page
     p.wait_for_selector("#sim-matrix")
-    for panel in ("similarity", "rerank", "tokens", "images", "sparse", "server"):
+    for panel in ("similarity", "rerank", "tokens", "images", "pages", "sparse", "server"):
         phone.tab(panel)
         overflow = p.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 0, (panel, overflow)
@@ -393,7 +436,11 @@ def test_on_the_default_server_the_page_explains_what_it_cannot_show(
     np.testing.assert_allclose(cells, (vectors @ vectors.T).ravel(), atol=1e-6)
     tab.shot("default-similarity")
 
-    enable = (("images", 'model = "openai/clip-vit-base-patch32"'), ("sparse", 'kind = "sparse"'))
+    enable = (
+        ("images", 'model = "openai/clip-vit-base-patch32"'),
+        ("pages", 'model = "vidore/colpali-v1.3-hf"'),
+        ("sparse", 'kind = "sparse"'),
+    )
     for panel, config in enable:
         assert "unavailable" in (p.get_attribute(f".tab[data-panel={panel}]", "class") or "")
         tab.tab(panel)

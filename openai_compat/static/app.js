@@ -103,6 +103,10 @@ async function run(button, target, work) {
 
 function capable(card, capability) {
   if (capability === "tokens") return true;
+  if (capability === "pages") {
+    // ranks page images: reranks, and takes images (ColPali, a multimodal reranker)
+    return (card.capabilities || []).includes("rerank") && (card.modalities || []).includes("image");
+  }
   return (card.capabilities || []).includes(capability);
 }
 
@@ -117,6 +121,10 @@ const ENABLE = {
   image: [
     "a CLIP-style model (texts and images in one space)",
     '[[models]]\nname = "clip-vit-base-patch32"\nmodel = "openai/clip-vit-base-patch32"',
+  ],
+  pages: [
+    "a model that ranks page images (ColPali, ColQwen2, a multimodal reranker)",
+    '[[models]]\nname = "colpali"\nmodel = "vidore/colpali-v1.3-hf"',
   ],
   sparse: [
     "a SPLADE model (sparse vectors)",
@@ -375,6 +383,37 @@ async function previewImage() {
   preview.hidden = false;
 }
 
+// ------------------------------------------------------------------ pages
+
+async function pages() {
+  const files = [...$("pages-files").files];
+  if (files.length === 0) throw new ApiError(0, "Choose or drop a few page images first.");
+  const query = $("pages-query").value;
+  const uris = await Promise.all(files.map(readAsDataUrl));
+  const resp = await api("/v1/rerank", {
+    model: $("pages-model").value,
+    query,
+    documents: uris.map((image) => ({ image })),
+  });
+  const list = el("ol", { id: "pages-list", class: "pages" });
+  for (const r of resp.results) {
+    const thumb = el("img", { src: uris[r.index], alt: files[r.index].name });
+    list.append(
+      el(
+        "li",
+        { "data-index": r.index, "data-name": files[r.index].name, "data-score": r.relevance_score },
+        thumb,
+        el("span", { class: "name", text: files[r.index].name }),
+        el("span", { class: "score", text: r.relevance_score.toFixed(4) })
+      )
+    );
+  }
+  $("pages-result").replaceChildren(
+    el("p", { id: "pages-best", text: `Best page: ${files[resp.results[0].index].name}` }),
+    list
+  );
+}
+
 // ------------------------------------------------------------------ sparse
 
 async function sparse() {
@@ -554,6 +593,7 @@ async function start() {
     ["rerank-run", "rerank-result", rerank],
     ["tok-run", "tok-result", tokens],
     ["img-run", "img-result", images],
+    ["pages-run", "pages-result", pages],
     ["sparse-run", "sparse-result", sparse],
   ];
   for (const [button, target, work] of actions) {
@@ -574,6 +614,17 @@ async function start() {
       $("img-file").files = e.dataTransfer.files;
       previewImage();
     }
+  });
+  const pageDrop = $("pages-drop");
+  pageDrop.addEventListener("dragover", (e) => {
+    e.preventDefault();
+    pageDrop.classList.add("over");
+  });
+  pageDrop.addEventListener("dragleave", () => pageDrop.classList.remove("over"));
+  pageDrop.addEventListener("drop", (e) => {
+    e.preventDefault();
+    pageDrop.classList.remove("over");
+    if (e.dataTransfer.files.length) $("pages-files").files = e.dataTransfer.files;
   });
   $("key-form").addEventListener("submit", async (e) => {
     e.preventDefault();
