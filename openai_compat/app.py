@@ -17,7 +17,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
 from openai_compat import __version__, cpus, logs
-from openai_compat.api import admin, docs, playground, probes, shared, vllm
+from openai_compat.api import admin, docs, ollama, playground, probes, shared, vllm
 from openai_compat.api.cohere import embed as cohere_embed
 from openai_compat.api.cohere import rerank
 from openai_compat.api.infinity import routes as infinity_routes
@@ -25,6 +25,7 @@ from openai_compat.api.openai import classify, embeddings, models
 from openai_compat.api.request import DOCUMENTED_BODIES
 from openai_compat.api.tei import routes as tei_routes
 from openai_compat.api.tutorial import routes as tutorial
+from openai_compat.api.voyage import routes as voyage
 from openai_compat.batch import routes as batch_routes
 from openai_compat.batch.service import BatchService
 from openai_compat.bodies import BodyParser
@@ -206,6 +207,8 @@ def create_app(
         (shared.router, "", True),
         (tei_routes.router, "", True),
         (vllm.router, "", True),
+        (voyage.router, "", True),  # /voyage/v1/...: Voyage AI's API
+        (ollama.router, "", True),  # /api/...: Ollama's
     ]
     if not settings.batch_api:  # another process owns the jobs (a batch pod): no routes
         mounted = [m for m in mounted if m[0] is not batch_routes.router]

@@ -131,7 +131,7 @@ class ServiceUnavailable(APIError):
 
 # Each API family's error body. Messages are the same for all; the shape (and for TEI the
 # status code) differs, so each family's clients parse what they expect.
-ErrorFamily = Literal["openai", "cohere", "tei", "infinity"]
+ErrorFamily = Literal["openai", "cohere", "tei", "infinity", "voyage", "ollama"]
 
 # Paths whose clients expect another family's errors; everything else answers in OpenAI's
 # envelope. Bare paths shared by several dialects (api/shared.py) set the family per request.
@@ -187,7 +187,18 @@ def printable(path: str) -> str:
     return path.encode("unicode_escape").decode("ascii")
 
 
+# Whole families under a prefix: Voyage AI's ({"detail"}, which its SDK reads) and Ollama's
+# ({"error"}: its clients print it).
+_PREFIX_FAMILIES: tuple[tuple[str, ErrorFamily], ...] = (
+    ("/voyage/", "voyage"),
+    ("/api/", "ollama"),
+)
+
+
 def family_of(path: str) -> ErrorFamily:
+    for prefix, family in _PREFIX_FAMILIES:
+        if path.startswith(prefix):
+            return family
     return _PATH_FAMILIES.get(path, "openai")
 
 
@@ -207,6 +218,10 @@ def _error_body(
 ) -> tuple[int, dict[str, Any]]:
     if family == "cohere":
         return status, {"message": message}
+    if family == "voyage":  # Voyage answers a model it does not serve with a 400
+        return (400 if code == "model_not_found" else status), {"detail": message}
+    if family == "ollama":
+        return status, {"error": message}
     if family == "tei":
         if code == "empty_input":
             status = 400

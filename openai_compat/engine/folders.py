@@ -69,3 +69,11 @@ def declared_prompts(source: str, revision: str | None = None) -> dict[str, str]
     if not isinstance(prompts, dict):
         return {}
     return {str(k): str(v) for k, v in prompts.items() if isinstance(v, str)}
+
+
+def model_family(source: str, revision: str | None = None) -> str | None:
+    """The `model_type` of the folder's config.json (bert, qwen2, paligemma...): Ollama's
+    family of a model."""
+    found = _read(source, "config.json", revision)
+    kind = found.get("model_type") if isinstance(found, dict) else None
+    return str(kind) if isinstance(kind, str) else None

@@ -77,9 +77,9 @@ def _field_text(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def check_top_n(top_n: int | None) -> None:
+def check_top_n(top_n: int | None, param: str = "top_n") -> None:
     if top_n is not None and top_n < 1:
-        raise BadRequest(f"'top_n' must be at least 1, got {top_n}.", param="top_n")
+        raise BadRequest(f"'{param}' must be at least 1, got {top_n}.", param=param)
 
 
 async def rerank_texts(

@@ -1,0 +1,230 @@
+"""Ollama's API on its own paths: POST /api/embed and the older /api/embeddings, GET /api/tags,
+POST /api/show, GET /api/ps and GET /api/version, answered as Ollama's server answers them
+(its field names, durations in nanoseconds, `{"error": ...}` bodies), so the tools that speak
+only Ollama (its SDKs, LangChain's OllamaEmbeddings, Open WebUI...) list and use our models.
+
+A model is named as served, or Ollama-style with a tag (`name:latest`). `keep_alive` is the
+model pool's (docs/models.md; a keys-file key needs `set_keep_alive`). Ollama has no rerank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from starlette.responses import Response
+
+from openai_compat import __version__
+from openai_compat.api.request import body_openapi, note, read_body, ready_registry, settings_of
+from openai_compat.engine import folders
+from openai_compat.errors import BadRequest, InputTooLong, ModelNotFound, set_family
+from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
+from openai_compat.inference.plan import EmbedPlan, run
+from openai_compat.model_config import KeepAlive
+from openai_compat.models.registry import ModelEntry, Registry
+from openai_compat.protocol import error_responses
+
+router = APIRouter(prefix="/api", tags=["ollama"])
+# The Ollama release whose API this follows (its /api/version; clients check it is recent).
+OLLAMA_VERSION = "0.13.0"
+_STARTED = datetime.now(UTC).isoformat()
+
+
+class OllamaError(BaseModel):
+    error: str
+
+
+OLLAMA_ERROR_RESPONSES = error_responses(OllamaError)
+
+
+class EmbedRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr
+    input: StrictStr | list[StrictStr]
+    truncate: StrictBool | None = Field(True, description="false: past the window is a 400.")
+    dimensions: StrictInt | None = None
+    keep_alive: KeepAlive = None
+    options: dict[str, Any] | None = Field(
+        None, description="Accepted; model options are the config's."
+    )
+
+
+class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr
+    prompt: StrictStr
+    keep_alive: KeepAlive = None
+    options: dict[str, Any] | None = None
+
+
+class ShowRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+    name: StrictStr | None = None  # the older field
+    verbose: StrictBool | None = None
+
+
+def _served(registry: Registry, name: str) -> str:
+    """The served name for an Ollama model name (`name` or `name:tag`)."""
+    try:
+        return registry.config(name).served_name
+    except ModelNotFound:
+        base, _, tag = name.partition(":")
+        if tag and base:
+            return registry.config(base).served_name
+        raise
+
+
+async def _embed(
+    request: Request, model: str, texts: Any, truncate: bool, dims: int | None
+) -> tuple[ModelEntry, Any]:
+    registry = ready_registry(request)
+    entry = await registry.require(_served(registry, model), "embed")
+    if entry.multivector or entry.sparse:
+        raise BadRequest(
+            f"Model {model!r} does not give one dense vector per input.", param="model"
+        )
+    plan = EmbedPlan(texts=texts, own_truncation=True, truncate=truncate, dimensions=dims)
+    try:
+        done = await run(entry, plan, settings_of(request))
+    except InputTooLong as exc:  # Ollama's words for it
+        raise BadRequest(
+            f"the input length exceeds the context length: {exc.message}", param="input"
+        ) from None
+    note(request, entry.name, done.count, done.tokens)
+    return entry, done
+
+
+@router.post("/embed", responses=OLLAMA_ERROR_RESPONSES, openapi_extra=body_openapi(EmbedRequest))
+async def embed(request: Request) -> Response:
+    """Ollama's embed: unit vectors, `truncate`, `dimensions`; durations in nanoseconds."""
+    set_family(request, "ollama")
+    started = time.perf_counter_ns()
+    body = await read_body(request, EmbedRequest)
+    _, done = await _embed(
+        request, body.model, body.input, body.truncate is not False, body.dimensions
+    )
+    matrix = truncate_dimensions(as_matrix(done.vectors), body.dimensions)
+    return orjson_response(
+        {
+            "model": body.model,
+            "embeddings": list(matrix),
+            "total_duration": time.perf_counter_ns() - started,
+            "load_duration": 0,
+            "prompt_eval_count": done.tokens,
+        }
+    )
+
+
+@router.post(
+    "/embeddings", responses=OLLAMA_ERROR_RESPONSES, openapi_extra=body_openapi(EmbeddingsRequest)
+)
+async def embeddings(request: Request) -> Response:
+    """Ollama's older embeddings: one prompt, one vector."""
+    set_family(request, "ollama")
+    body = await read_body(request, EmbeddingsRequest)
+    _, done = await _embed(request, body.model, [body.prompt], True, None)
+    return orjson_response({"embedding": as_matrix(done.vectors)[0]})
+
+
+def _details(registry: Registry, served: str) -> dict[str, Any]:
+    config = registry.config(served)
+    family = folders.model_family(config.source, config.revision) or "unknown"
+    return {
+        "parent_model": "",
+        "format": "safetensors",
+        "family": family,
+        "families": [family],
+        "parameter_size": "",
+        "quantization_level": config.dtype.upper().replace("FLOAT", "F"),
+    }
+
+
+def _card(registry: Registry, served: str) -> dict[str, Any]:
+    size = 0
+    if registry.pool is not None:
+        described = registry.pool.describe(served)
+        size = int(described.get("resident_bytes") or described.get("file_bytes") or 0)
+    digest = hashlib.sha256(f"{served}\0{registry.config(served).source}".encode()).hexdigest()
+    return {
+        "name": f"{served}:latest",
+        "model": f"{served}:latest",
+        "modified_at": _STARTED,
+        "size": size,
+        "digest": digest,
+        "details": _details(registry, served),
+    }
+
+
+@router.get("/tags", responses=OLLAMA_ERROR_RESPONSES)
+async def tags(request: Request) -> Response:
+    """The models this key may use, as Ollama lists its local models."""
+    set_family(request, "ollama")
+    registry = ready_registry(request)
+    served = [c.served_name for c in registry.configs if registry.visible(c.served_name)]
+    return orjson_response({"models": [_card(registry, s) for s in served]})
+
+
+@router.get("/ps", responses=OLLAMA_ERROR_RESPONSES)
+async def ps(request: Request) -> Response:
+    """The models loaded now, with when an idle one is unloaded (keep_alive)."""
+    set_family(request, "ollama")
+    registry = ready_registry(request)
+    out = []
+    for config in registry.configs:
+        served = config.served_name
+        if not registry.visible(served) or registry.loaded(served) is None:
+            continue
+        card = _card(registry, served)
+        left = registry.pool.describe(served).get("idle_unload_in") if registry.pool else None
+        expires = datetime.fromtimestamp(time.time() + left, UTC) if left is not None else None
+        card |= {
+            "expires_at": (expires or datetime(2318, 1, 1, tzinfo=UTC)).isoformat(),
+            "size_vram": 0,
+        }
+        out.append(card)
+    return orjson_response({"models": out})
+
+
+@router.post("/show", responses=OLLAMA_ERROR_RESPONSES, openapi_extra=body_openapi(ShowRequest))
+async def show(request: Request) -> Response:
+    """One model's details and what it can do (Ollama's capabilities: embedding)."""
+    set_family(request, "ollama")
+    registry = ready_registry(request)
+    body = await read_body(request, ShowRequest)
+    name = body.model or body.name
+    if not name:
+        raise BadRequest("model is required", param="model")
+    served = _served(registry, name)
+    entry = await registry.resolve(served)
+    info: dict[str, Any] = {"general.architecture": _details(registry, served)["family"]}
+    if entry.dimensions:
+        info["embedding_length"] = entry.dimensions
+    if entry.max_length:
+        info["context_length"] = entry.max_length
+    capabilities = ["embedding"] if "embed" in entry.capabilities else []
+    capabilities += ["vision"] if "image" in entry.modalities else []
+    return orjson_response(
+        {
+            "modelfile": "",
+            "parameters": "",
+            "template": "",
+            "details": _details(registry, served),
+            "model_info": info,
+            "capabilities": capabilities,
+            "modified_at": _STARTED,
+        }
+    )
+
+
+@router.get("/version")
+async def version() -> Response:
+    """The Ollama API version this server follows (and ours, as an extension)."""
+    return orjson_response({"version": OLLAMA_VERSION, "openai_compat": __version__})

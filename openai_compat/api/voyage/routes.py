@@ -1,0 +1,239 @@
+"""Voyage AI's routes: POST /voyage/v1/embeddings, /contextualizedembeddings, /rerank and
+/multimodalembeddings (`voyageai.Client(base_url=".../voyage/v1")`)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from openai_compat.api.items import item_plan
+from openai_compat.api.request import (
+    body_openapi,
+    media_of,
+    note,
+    read_body,
+    ready_registry,
+    settings_of,
+)
+from openai_compat.api.voyage.protocol import (
+    VOYAGE_ERROR_RESPONSES,
+    ContextualizedRequest,
+    EmbedRequest,
+    MultimodalRequest,
+    RerankRequest,
+)
+from openai_compat.errors import BadRequest, set_family
+from openai_compat.formats.compact import encode
+from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
+from openai_compat.formats.tokens import field_names
+from openai_compat.inference.plan import EmbedPlan, run
+from openai_compat.inference.scoring import check_top_n, rerank_texts
+from openai_compat.models.registry import ModelEntry, Registry
+from openai_compat.protocol import ContentItem
+
+router = APIRouter(prefix="/voyage/v1", tags=["voyage"])
+
+
+async def _embedder(registry: Registry, model: str) -> ModelEntry:
+    entry = await registry.require(model, "embed")
+    if entry.multivector or entry.sparse:
+        kind = "one vector per token" if entry.multivector else "sparse vectors"
+        raise BadRequest(
+            f"Model {model!r} gives {kind}; Voyage's embeddings hold one dense vector per "
+            "input. Use /v1/embeddings.",
+            param="model",
+            code="model_not_supported",
+        )
+    return entry
+
+
+def _rows(entry: ModelEntry, matrix: np.ndarray, dtype: str | None, base64_out: bool) -> list[Any]:
+    """Vectors as Voyage sends them: floats or the compact type's numbers, or (base64) each
+    vector's bytes of that type (float32, int8 or uint8), which its SDK decodes."""
+    if dtype in (None, "float"):
+        if not base64_out:
+            return list(matrix)
+        data = np.ascontiguousarray(matrix, dtype="<f4")
+        return [base64.b64encode(row.tobytes()).decode("ascii") for row in data]
+    rows = encode(matrix, dtype, entry.quantizer)  # type: ignore[arg-type]
+    if not base64_out:
+        return rows
+    return [base64.b64encode(np.asarray(r).tobytes()).decode("ascii") for r in rows]
+
+
+def _embedding_list(rows: list[Any]) -> list[dict[str, Any]]:
+    return [{"object": "embedding", "embedding": r, "index": i} for i, r in enumerate(rows)]
+
+
+@router.post(
+    "/embeddings", responses=VOYAGE_ERROR_RESPONSES, openapi_extra=body_openapi(EmbedRequest)
+)
+async def embeddings(request: Request) -> Response:
+    """Voyage's embed: input_type picks the model's prompt, truncation, output_dimension,
+    output_dtype and base64 as its SDK asks for them."""
+    set_family(request, "voyage")
+    registry, settings = ready_registry(request), settings_of(request)
+    body = await read_body(request, EmbedRequest)
+    entry = await _embedder(registry, body.model)
+    plan = EmbedPlan(
+        texts=body.input,
+        input_type=body.input_type,
+        own_truncation=True,
+        truncate=body.truncation is not False,
+        dimensions=body.output_dimension,
+        dimensions_param="output_dimension",
+    )
+    done = await run(entry, plan, settings)
+    note(request, entry.name, done.count, done.tokens)
+    matrix = truncate_dimensions(as_matrix(done.vectors), body.output_dimension)
+    rows = _rows(entry, matrix, body.output_dtype, body.encoding_format == "base64")
+    return orjson_response(
+        {
+            "object": "list",
+            "data": _embedding_list(rows),
+            "model": body.model,
+            "usage": {"total_tokens": done.tokens},
+        }
+    )
+
+
+@router.post(
+    "/contextualizedembeddings",
+    responses=VOYAGE_ERROR_RESPONSES,
+    openapi_extra=body_openapi(ContextualizedRequest),
+)
+async def contextualized(request: Request) -> Response:
+    """Voyage's contextualized chunk embeddings: each document (its chunks joined with one
+    space) in one forward pass, each chunk's vector pooled from that pass's token vectors of
+    its own characters (late chunking at the chunks' spans), normalised; a one-chunk
+    document's vector is the plain embedding of its text."""
+    set_family(request, "voyage")
+    registry, settings = ready_registry(request), settings_of(request)
+    body = await read_body(request, ContextualizedRequest)
+    entry = await _embedder(registry, body.model)
+    texts, spans = [], []
+    for i, chunks in enumerate(body.inputs):
+        if not chunks:
+            raise BadRequest(f"inputs[{i}] has no chunks.", param=f"inputs[{i}]")
+        at, cut = 0, []
+        for chunk in chunks:
+            cut.append((at, at + len(chunk)))
+            at += len(chunk) + 1
+        texts.append(" ".join(chunks))
+        spans.append(cut)
+    plan = EmbedPlan(
+        texts=texts,
+        param="inputs",
+        names=field_names("inputs"),
+        input_type=body.input_type,
+        long_input="late",
+        chunk_spans=spans,
+        dimensions=body.output_dimension,
+        dimensions_param="output_dimension",
+    )
+    done = await run(entry, plan, settings)
+    assert done.long is not None
+    note(request, entry.name, sum(len(c) for c in body.inputs), done.tokens)
+    data = []
+    for i, (pooled, document) in enumerate(zip(done.long.chunks, done.long.vectors, strict=True)):
+        vectors = [document] if len(pooled) == 1 else [c.vector for c in pooled]
+        matrix = truncate_dimensions(as_matrix(vectors), body.output_dimension)
+        rows = _rows(entry, matrix, body.output_dtype, body.encoding_format == "base64")
+        data.append({"object": "list", "data": _embedding_list(rows), "index": i})
+    return orjson_response(
+        {
+            "object": "list",
+            "data": data,
+            "model": body.model,
+            "usage": {"total_tokens": done.tokens},
+        }
+    )
+
+
+@router.post("/rerank", responses=VOYAGE_ERROR_RESPONSES, openapi_extra=body_openapi(RerankRequest))
+async def rerank(request: Request) -> Response:
+    """Voyage's rerank: the same scores as Cohere's rerank; top_k, return_documents."""
+    set_family(request, "voyage")
+    registry, settings = ready_registry(request), settings_of(request)
+    body = await read_body(request, RerankRequest)
+    entry = await registry.require(body.model, "rerank")
+    check_top_n(body.top_k, "top_k")
+    if body.truncation is False:  # refuse a pair past the window instead of cutting it
+        settings = settings.model_copy(update={"truncate": False})
+    result = await rerank_texts(entry, body.query, body.documents, settings)
+    note(request, entry.name, len(body.documents), result.tokens)
+    ranked = result.ranked[: body.top_k] if body.top_k else result.ranked
+    data = []
+    for r in ranked:
+        item: dict[str, Any] = {"relevance_score": r.score, "index": r.index}
+        if body.return_documents:
+            item["document"] = body.documents[r.index]
+        data.append(item)
+    return orjson_response(
+        {
+            "object": "list",
+            "data": data,
+            "model": body.model,
+            "usage": {"total_tokens": result.tokens},
+        }
+    )
+
+
+@router.post(
+    "/multimodalembeddings",
+    responses=VOYAGE_ERROR_RESPONSES,
+    openapi_extra=body_openapi(MultimodalRequest),
+)
+async def multimodal(request: Request) -> Response:
+    """Voyage's multimodal embed on a vision-language model: each input's content list (text,
+    image_url and image_base64 parts, at most one image) is one vector."""
+    set_family(request, "voyage")
+    registry, settings = ready_registry(request), settings_of(request)
+    body = await read_body(request, MultimodalRequest)
+    entry = await _embedder(registry, body.model)
+    items = []
+    for i, given in enumerate(body.inputs):
+        texts = [p.text for p in given.content if p.type == "text"]
+        images = [p.image_url or p.image_base64 for p in given.content if p.type != "text"]
+        if any(t is None for t in texts) or any(m is None for m in images):
+            raise BadRequest(
+                f"inputs[{i}]: each part needs the field its type names.", param=f"inputs[{i}]"
+            )
+        if len(images) > 1:
+            raise BadRequest(
+                f"inputs[{i}] has {len(images)} images; this server embeds one image (and its "
+                "text) per input.",
+                param=f"inputs[{i}]",
+            )
+        text = " ".join(t for t in texts if t is not None) if texts else None
+        items.append(ContentItem(text=text, image=images[0] if images else None))
+    plan = EmbedPlan(
+        **item_plan(entry, items, "inputs"),
+        input_type=body.input_type,
+        own_truncation=True,
+        truncate=body.truncation is not False,
+        dimensions=body.output_dimension,
+        dimensions_param="output_dimension",
+    )
+    done = await run(entry, plan, settings, media_of(request))
+    note(request, entry.name, done.count, done.tokens)
+    matrix = truncate_dimensions(as_matrix(done.vectors), body.output_dimension)
+    rows = _rows(entry, matrix, body.output_dtype, body.output_encoding == "base64")
+    pixels = sum(int(m.get("width", 0)) * int(m.get("height", 0)) for m in done.media or [])
+    text_parts = [t.text for t in items if t.text is not None]
+    counted = (
+        await entry.counter.usage(text_parts, truncate=True) if entry.counter and text_parts else 0
+    )
+    usage = {
+        "text_tokens": counted,
+        "image_pixels": pixels,
+        "video_pixels": 0,
+        "total_tokens": done.tokens,
+    }
+    return orjson_response(
+        {"object": "list", "data": _embedding_list(rows), "model": body.model, "usage": usage}
+    )
