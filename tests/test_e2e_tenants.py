@@ -159,9 +159,15 @@ def test_a_model_outside_the_scope_does_not_exist_on_any_route(srv: RemoteServer
         ("/embeddings", {"model": "secret", "input": ["hi"]}),  # infinity's
         ("/v1/classify", {"model": "secret", "input": ["hi"]}),
         ("/tokenize", {"model": "secret", "prompt": "hi"}),  # vLLM's
+        ("/api/embed", {"model": "secret", "input": "hi"}),  # Ollama's
     ):
         answer = post(srv, path, "scoped-key", body)
         assert answer.status_code == 404, (path, answer.text)
+    # Voyage answers a model it does not have with a 400 in its own body
+    voyage = post(srv, "/voyage/v1/embeddings", "scoped-key", {"model": "secret", "input": "hi"})
+    assert voyage.status_code == 400 and "does not exist" in voyage.json()["detail"]
+    tags = httpx.get(srv.url + "/api/tags", headers=bearer("scoped-key")).json()["models"]
+    assert [m["model"] for m in tags] == ["minilm:latest"]  # Ollama's list: the scope too
     # a key without `models` sees them all
     everything = httpx.get(srv.url + "/v1/models", headers=bearer("nobatch-key")).json()
     served = {"minilm", "mini", "secret", "reranker", "classifier"}
