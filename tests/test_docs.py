@@ -103,3 +103,37 @@ def test_download_and_batch_list_only_the_options_they_read() -> None:
     batch = flags("batch")
     assert {"--model", "--config", "--ray-actors", "--max-inputs-per-request"} <= batch
     assert not batch & {"--host", "--port", "--keys-file", "--api-key", "--data-dir"}
+
+
+# A Python example's client -> what to install for it (the first hour: "No module named
+# 'openai'" on the README's own example).
+_CLIENTS = {"openai": "pip install openai", "cohere": "pip install cohere"}
+
+
+def test_every_page_says_how_to_install_the_clients_its_examples_import() -> None:
+    pages = [
+        ROOT / "README.md",
+        ROOT / "docs" / "embeddings.md",
+        ROOT / "docs" / "rerank-classify.md",
+    ]
+    for page in pages:
+        text = page.read_text()
+        blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+        imported = {
+            name
+            for block in blocks
+            for name in _CLIENTS
+            if re.search(rf"^(from {name} import|import {name}\b)", block, re.M)
+        }
+        assert imported, page  # the pages do show client code
+        for name in imported:
+            assert _CLIENTS[name] in text, (page.name, name)
+
+
+def test_the_readmes_test_command_makes_a_venv_of_its_own() -> None:
+    """`pip install -e '.[test]'` in the serving venv changed what the user had installed."""
+    text = (ROOT / "README.md").read_text()
+    (command,) = [line for line in text.splitlines() if "'.[test]'" in line]
+    assert "python3 -m venv .venv-test" in command and ". .venv-test/bin/activate" in command
+    serve = next(line for line in text.splitlines() if line.endswith("openai-compat serve"))
+    assert ".venv-test" not in serve
