@@ -1,4 +1,4 @@
-"""Wire types: requests, responses and errors. Imports nothing from infinity_emb.
+"""Wire types: requests, responses and errors. Imports no engine.
 
 Responses are documented here for the OpenAPI schema; the hot paths serialise plain dicts and
 numpy arrays with orjson instead of validating large float arrays through pydantic.

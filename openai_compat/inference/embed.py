@@ -15,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from openai_compat.engine import adapter
+from openai_compat.engine.infinity import engines as infinity_engines
 from openai_compat.engine.scheduler import EngineStopped, OutputTooLarge
 from openai_compat.engine.usage import TokenIds
 from openai_compat.errors import BadRequest, InputTooLong, ServiceUnavailable
@@ -44,31 +45,10 @@ def engine_errors() -> Iterator[None]:
     except OutputTooLarge as exc:
         raise BadRequest(str(exc), param="input", code="output_too_large") from exc
     except Exception as exc:
-        refusal = _infinity_refusal(exc)
+        refusal = infinity_engines.refusal(exc)
         if refusal is None:
             raise
         raise refusal from exc
-
-
-def _infinity_refusal(exc: Exception) -> BadRequest | None:
-    """The 400 for one of infinity-emb's bad-input exceptions; None for anything else (and
-    wherever infinity-emb, an optional engine, is not installed)."""
-    try:
-        from infinity_emb.primitives import (
-            AudioCorruption,
-            ImageCorruption,
-            MatryoshkaDimError,
-            ModelNotDeployedError,
-        )
-    except ImportError:
-        return None
-    if isinstance(exc, ModelNotDeployedError):
-        return BadRequest(str(exc), param="model", code="model_not_supported")
-    if isinstance(exc, MatryoshkaDimError):
-        return BadRequest(str(exc), param="dimensions")
-    if isinstance(exc, ImageCorruption | AudioCorruption):
-        return BadRequest(str(exc), param="input", code="invalid_media")
-    return None
 
 
 def check_count(n: int, limit: int, param: str, what: str = "inputs") -> None:

@@ -37,7 +37,7 @@ class ModelEntry:
     """One loaded model and everything the API needs to know about it."""
 
     config: ModelConfig
-    engine: Any  # infinity_emb.AsyncEmbeddingEngine
+    engine: Any  # engine/native.NativeEngine, or infinity-emb's engine (engine/infinity/)
     capabilities: frozenset[Capability]
     dimensions: int | None = None
     max_length: int | None = None

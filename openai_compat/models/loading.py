@@ -1,10 +1,10 @@
-"""Engine loading: configured model -> started infinity-emb engine -> registered ModelEntry.
+"""Engine loading: configured model -> started engine -> registered ModelEntry.
 
 Owns engine construction (exported backends, sparse heads, length caps), the probe that tells
 what a started engine can do, int8 calibration and its cache, warm-up, and stopping engines.
 It must not answer requests or look names up: that is registry.py (names -> entries) and
-inference/embed.py (requests -> engine calls). infinity-emb's public API is named here and in
-inference/embed.py; its internals only in engine/adapter.py.
+inference/embed.py (requests -> engine calls). infinity-emb is built and stopped by
+engine/infinity/engines.py, its internals read in engine/infinity/ and engine/adapter.py.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 
 from openai_compat import cpus
 from openai_compat.engine import adapter, folders, native, pooling
+from openai_compat.engine.infinity import engines as infinity_engines
 from openai_compat.engine.infinity import hooks as infinity_hooks
 from openai_compat.engine.infinity import splade
 from openai_compat.engine.infinity.feeder import Feeder
@@ -49,29 +50,6 @@ _CAPABILITIES: dict[str, Capability] = {
 }
 
 
-def engine_args(config: ModelConfig) -> Any:
-    from infinity_emb import EngineArgs
-
-    options: dict[str, Any] = dict(
-        model_name_or_path=config.source,
-        served_model_name=config.served_name,
-        engine=config.engine,
-        device=config.device,
-        batch_size=config.batch_size,
-        revision=config.revision,
-        trust_remote_code=config.trust_remote_code,
-        dtype=config.dtype,
-        pooling_method=config.pooling_method,
-        # Our own, cheaper warm-up runs instead (warm_up).
-        model_warmup=False,
-        compile=config.compile,
-        bettertransformer=config.bettertransformer,
-        # Priorities by character length: our own counter does the real token counting.
-        lengths_via_tokenize=False,
-    )
-    return EngineArgs(**options)
-
-
 def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
     """Build (load weights of) one engine: the native one, or infinity-emb's where the model
     names one of its engines and it is installed. Blocking: run it in a thread."""
@@ -84,13 +62,10 @@ def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
             "engines, which is not installed here: use engine = 'native' (the default), or "
             "install infinity-emb in an environment of its own (requirements/infinity.txt)"
         )
-    from infinity_emb import AsyncEmbeddingEngine
-
     try:
-        args = engine_args(config)
+        engine = infinity_engines.create(config)
     except (KeyError, ValueError, TypeError) as exc:
         raise EngineFailure(f"model {config.served_name!r}: invalid engine options: {exc}") from exc
-    engine = AsyncEmbeddingEngine.from_args(args)
     replica = adapter.replica_of(engine)
     sparse = config.kind == "sparse" or (
         config.kind == "auto" and splade.is_masked_lm(config.source)
@@ -356,6 +331,4 @@ async def stop_engines(registry: Registry) -> None:
             await engine.astop()
     others = [e for e in engines if not adapter.is_native(e)]
     if others:
-        from infinity_emb import AsyncEngineArray
-
-        await AsyncEngineArray(engines=others).astop()
+        await infinity_engines.stop(others)
