@@ -3,6 +3,7 @@ everything that knows its internals: `internals.py` (the attributes of its engin
 batching queue and tokenizers this server reads, checked as a contract), `hooks.py` (what we
 install in it: token counts, token-id inputs, raw logits), `feeder.py` (wave batching above
 its queue), `engines.py` (its engines built and stopped, its refusals read: nothing outside
-this folder imports infinity-emb). Nothing else in the package reads infinity-emb's internals; `engine/adapter.py`
-answers the server's questions for either engine and sends infinity-emb's here.
+this folder imports infinity-emb). Nothing else in the package reads infinity-emb's
+internals; `engine/adapter.py` answers the server's questions for either engine and sends
+infinity-emb's here.
 """
