@@ -51,8 +51,10 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from tests.fixtures import tiny_vision as tv
 
     root = tmp_path_factory.mktemp("vision")
+    colpali = tv.build_colpali(root / "colpali")
     return {
-        "colpali": tv.build_colpali(root / "colpali"),
+        "colpali": colpali,
+        "colpali-pooled": tv.build_pooled(colpali, root / "colpali-pooled"),
         "colqwen2": tv.build_colqwen2(root / "colqwen2"),
         "vl": tv.build_vl_embedder(root / "vl"),
         "vlrerank": tv.build_vl_reranker(root / "vlrerank"),
@@ -76,6 +78,7 @@ def library(folders: dict[str, Path]) -> dict[str, Any]:
 
     return {
         "colpali": MultiVectorEncoder(str(folders["colpali"]), device="cpu"),
+        "colpali-pooled": MultiVectorEncoder(str(folders["colpali-pooled"]), device="cpu"),
         "colqwen2": MultiVectorEncoder(str(folders["colqwen2"]), device="cpu"),
         "vl": SentenceTransformer(str(folders["vl"]), device="cpu"),
         "vlrerank": CrossEncoder(str(folders["vlrerank"]), device="cpu"),
@@ -96,7 +99,7 @@ def _rows(item: Any) -> np.ndarray:
     return flat.reshape(item.model_extra["shape"])
 
 
-@pytest.mark.parametrize("name", ["colpali", "colqwen2"])
+@pytest.mark.parametrize("name", ["colpali", "colqwen2", "colpali-pooled"])
 def test_page_images_are_encode_documents_token_vectors(
     srv: RemoteServer, library: dict[str, Any], name: str
 ) -> None:
@@ -251,7 +254,7 @@ def test_images_to_a_text_only_model_and_models_modalities(srv: RemoteServer) ->
     assert paired.status_code == 400 and "not the two as one input" in paired.text
     cards = {m["id"]: m for m in httpx.get(srv.url + "/v1/models").json()["data"]}
     assert cards["minilm"]["modalities"] == ["text"]
-    for name in ("colpali", "colqwen2", "vl", "vlrerank"):
+    for name in ("colpali", "colqwen2", "colpali-pooled", "vl", "vlrerank"):
         assert cards[name]["modalities"] == ["text", "image"], name
 
 
