@@ -195,6 +195,14 @@ def test_voyage_errors_are_its_detail_body_and_4xx(srv: RemoteServer, vo: voyage
     r = httpx.post(url, json={"model": "minilm", "input": "x", "output_dtype": "int4"})
     assert r.status_code == 400 and set(r.json()) == {"detail"}
     assert "output_dtype" in r.json()["detail"]
+    for path, body in (  # empty lists are a 400 on every route (the fuzzer found a 500)
+        ("/multimodalembeddings", {"model": "vl", "inputs": []}),
+        ("/contextualizedembeddings", {"model": "minilm", "inputs": []}),
+        ("/embeddings", {"model": "minilm", "input": []}),
+        ("/rerank", {"model": "reranker", "query": "q", "documents": []}),
+    ):
+        r = httpx.post(srv.url + "/voyage/v1" + path, json=body)
+        assert r.status_code == 400 and "must not be empty" in r.json()["detail"], path
 
 
 def test_litellms_voyage_provider(srv: RemoteServer) -> None:

@@ -30,6 +30,7 @@ from openai_compat.errors import BadRequest, set_family
 from openai_compat.formats.compact import encode
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.formats.tokens import field_names
+from openai_compat.inference.embed import check_count
 from openai_compat.inference.plan import EmbedPlan, run
 from openai_compat.inference.scoring import check_top_n, rerank_texts
 from openai_compat.models.registry import ModelEntry, Registry
@@ -194,6 +195,7 @@ async def multimodal(request: Request) -> Response:
     set_family(request, "voyage")
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, MultimodalRequest)
+    check_count(len(body.inputs), settings.max_inputs_per_request, "inputs")
     entry = await _embedder(registry, body.model)
     items = []
     for i, given in enumerate(body.inputs):
