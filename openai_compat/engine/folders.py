@@ -4,6 +4,7 @@ from (`model_type`: SentenceTransformer, SparseEncoder, CrossEncoder, MultiVecto
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,25 @@ def declared_prompts(source: str, revision: str | None = None) -> dict[str, str]
     return {str(k): str(v) for k, v in prompts.items() if isinstance(v, str)}
 
 
+@functools.cache
 def model_family(source: str, revision: str | None = None) -> str | None:
     """The `model_type` of the folder's config.json (bert, qwen2, paligemma...): Ollama's
-    family of a model."""
-    found = _read(source, "config.json", revision)
+    family of a model. Read once, from a local folder or the hub cache only (it is asked on
+    the request path: never a download)."""
+    path = Path(source) / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(source, "config.json", revision=revision)
+        except Exception:  # not a hub id
+            return None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
     kind = found.get("model_type") if isinstance(found, dict) else None
     return str(kind) if isinstance(kind, str) else None
