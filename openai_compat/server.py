@@ -70,7 +70,9 @@ class DrainingServer(uvicorn.Server):
             self.lifecycle.drain()
             return
         again = "Ctrl-C" if sig == signal.SIGINT else f"send {name}"
-        logger.warning(
+        # a person at a terminal is told (a platform's SIGTERM is routine: info)
+        logger.log(
+            logging.WARNING if sig == signal.SIGINT else logging.INFO,
             "%s received: draining %d request(s) in flight (at most %.0fs); %s again to quit now",
             name,
             self.lifecycle.inflight,
