@@ -21,7 +21,7 @@ from starlette.responses import Response
 from openai_compat import __version__
 from openai_compat.api.request import body_openapi, note, read_body, ready_registry, settings_of
 from openai_compat.engine import folders
-from openai_compat.errors import BadRequest, InputTooLong, ModelNotFound, set_family
+from openai_compat.errors import BadRequest, InputTooLong, ModelNotFound
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.inference.plan import EmbedPlan, run
 from openai_compat.model_config import KeepAlive
@@ -105,7 +105,6 @@ async def _embed(
 @router.post("/embed", responses=OLLAMA_ERROR_RESPONSES, openapi_extra=body_openapi(EmbedRequest))
 async def embed(request: Request) -> Response:
     """Ollama's embed: unit vectors, `truncate`, `dimensions`; durations in nanoseconds."""
-    set_family(request, "ollama")
     started = time.perf_counter_ns()
     body = await read_body(request, EmbedRequest)
     _, done = await _embed(
@@ -128,7 +127,6 @@ async def embed(request: Request) -> Response:
 )
 async def embeddings(request: Request) -> Response:
     """Ollama's older embeddings: one prompt, one vector."""
-    set_family(request, "ollama")
     body = await read_body(request, EmbeddingsRequest)
     _, done = await _embed(request, body.model, [body.prompt], True, None)
     return orjson_response({"embedding": as_matrix(done.vectors)[0]})
@@ -166,7 +164,6 @@ def _card(registry: Registry, served: str) -> dict[str, Any]:
 @router.get("/tags", responses=OLLAMA_ERROR_RESPONSES)
 async def tags(request: Request) -> Response:
     """The models this key may use, as Ollama lists its local models."""
-    set_family(request, "ollama")
     registry = ready_registry(request)
     served = [c.served_name for c in registry.configs if registry.visible(c.served_name)]
     return orjson_response({"models": [_card(registry, s) for s in served]})
@@ -175,7 +172,6 @@ async def tags(request: Request) -> Response:
 @router.get("/ps", responses=OLLAMA_ERROR_RESPONSES)
 async def ps(request: Request) -> Response:
     """The models loaded now, with when an idle one is unloaded (keep_alive)."""
-    set_family(request, "ollama")
     registry = ready_registry(request)
     out = []
     for config in registry.configs:
@@ -196,7 +192,6 @@ async def ps(request: Request) -> Response:
 @router.post("/show", responses=OLLAMA_ERROR_RESPONSES, openapi_extra=body_openapi(ShowRequest))
 async def show(request: Request) -> Response:
     """One model's details and what it can do (Ollama's capabilities: embedding)."""
-    set_family(request, "ollama")
     registry = ready_registry(request)
     body = await read_body(request, ShowRequest)
     name = body.model or body.name
@@ -204,7 +199,8 @@ async def show(request: Request) -> Response:
         raise BadRequest("model is required", param="model")
     served = _served(registry, name)
     entry = await registry.resolve(served)
-    info: dict[str, Any] = {"general.architecture": _details(registry, served)["family"]}
+    details = _details(registry, served)
+    info: dict[str, Any] = {"general.architecture": details["family"]}
     if entry.dimensions:
         info["embedding_length"] = entry.dimensions
     if entry.max_length:
@@ -216,7 +212,7 @@ async def show(request: Request) -> Response:
             "modelfile": "",
             "parameters": "",
             "template": "",
-            "details": _details(registry, served),
+            "details": details,
             "model_info": info,
             "capabilities": capabilities,
             "modified_at": _STARTED,

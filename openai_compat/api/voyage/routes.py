@@ -26,7 +26,7 @@ from openai_compat.api.voyage.protocol import (
     MultimodalRequest,
     RerankRequest,
 )
-from openai_compat.errors import BadRequest, set_family
+from openai_compat.errors import BadRequest
 from openai_compat.formats.compact import encode
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.formats.tokens import field_names
@@ -66,6 +66,11 @@ def _rows(entry: ModelEntry, matrix: np.ndarray, dtype: str | None, base64_out: 
     return [base64.b64encode(np.asarray(r).tobytes()).decode("ascii") for r in rows]
 
 
+def _answer(data: list[Any], model: str, usage: dict[str, int]) -> Response:
+    """Voyage's answer: a list object with the model and the usage."""
+    return orjson_response({"object": "list", "data": data, "model": model, "usage": usage})
+
+
 def _embedding_list(rows: list[Any]) -> list[dict[str, Any]]:
     return [{"object": "embedding", "embedding": r, "index": i} for i, r in enumerate(rows)]
 
@@ -76,7 +81,6 @@ def _embedding_list(rows: list[Any]) -> list[dict[str, Any]]:
 async def embeddings(request: Request) -> Response:
     """Voyage's embed: input_type picks the model's prompt, truncation, output_dimension,
     output_dtype and base64 as its SDK asks for them."""
-    set_family(request, "voyage")
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, EmbedRequest)
     entry = await _embedder(registry, body.model)
@@ -92,14 +96,7 @@ async def embeddings(request: Request) -> Response:
     note(request, entry.name, done.count, done.tokens)
     matrix = truncate_dimensions(as_matrix(done.vectors), body.output_dimension)
     rows = _rows(entry, matrix, body.output_dtype, body.encoding_format == "base64")
-    return orjson_response(
-        {
-            "object": "list",
-            "data": _embedding_list(rows),
-            "model": body.model,
-            "usage": {"total_tokens": done.tokens},
-        }
-    )
+    return _answer(_embedding_list(rows), body.model, {"total_tokens": done.tokens})
 
 
 @router.post(
@@ -112,7 +109,6 @@ async def contextualized(request: Request) -> Response:
     space) in one forward pass, each chunk's vector pooled from that pass's token vectors of
     its own characters (late chunking at the chunks' spans), normalised; a one-chunk
     document's vector is the plain embedding of its text."""
-    set_family(request, "voyage")
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, ContextualizedRequest)
     entry = await _embedder(registry, body.model)
@@ -145,20 +141,12 @@ async def contextualized(request: Request) -> Response:
         matrix = truncate_dimensions(as_matrix(vectors), body.output_dimension)
         rows = _rows(entry, matrix, body.output_dtype, body.encoding_format == "base64")
         data.append({"object": "list", "data": _embedding_list(rows), "index": i})
-    return orjson_response(
-        {
-            "object": "list",
-            "data": data,
-            "model": body.model,
-            "usage": {"total_tokens": done.tokens},
-        }
-    )
+    return _answer(data, body.model, {"total_tokens": done.tokens})
 
 
 @router.post("/rerank", responses=VOYAGE_ERROR_RESPONSES, openapi_extra=body_openapi(RerankRequest))
 async def rerank(request: Request) -> Response:
     """Voyage's rerank: the same scores as Cohere's rerank; top_k, return_documents."""
-    set_family(request, "voyage")
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, RerankRequest)
     entry = await registry.require(body.model, "rerank")
@@ -174,14 +162,7 @@ async def rerank(request: Request) -> Response:
         if body.return_documents:
             item["document"] = body.documents[r.index]
         data.append(item)
-    return orjson_response(
-        {
-            "object": "list",
-            "data": data,
-            "model": body.model,
-            "usage": {"total_tokens": result.tokens},
-        }
-    )
+    return _answer(data, body.model, {"total_tokens": result.tokens})
 
 
 @router.post(
@@ -192,7 +173,6 @@ async def rerank(request: Request) -> Response:
 async def multimodal(request: Request) -> Response:
     """Voyage's multimodal embed on a vision-language model: each input's content list (text,
     image_url and image_base64 parts, at most one image) is one vector."""
-    set_family(request, "voyage")
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, MultimodalRequest)
     check_count(len(body.inputs), settings.max_inputs_per_request, "inputs")
@@ -236,6 +216,4 @@ async def multimodal(request: Request) -> Response:
         "video_pixels": 0,
         "total_tokens": done.tokens,
     }
-    return orjson_response(
-        {"object": "list", "data": _embedding_list(rows), "model": body.model, "usage": usage}
-    )
+    return _answer(_embedding_list(rows), body.model, usage)
