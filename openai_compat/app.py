@@ -29,6 +29,7 @@ from openai_compat.api.voyage import routes as voyage
 from openai_compat.batch import routes as batch_routes
 from openai_compat.batch.service import BatchService
 from openai_compat.bodies import BodyParser
+from openai_compat.engine.build import engine_package
 from openai_compat.errors import APIError, family_of, install_error_handlers
 from openai_compat.fastpath import FastPathMiddleware, fast_path_table
 from openai_compat.formats.media import MediaFetcher
@@ -40,7 +41,7 @@ from openai_compat.models.cache import EmbeddingCache
 from openai_compat.models.loading import ModelLoader, stop_engines, unload_entry
 from openai_compat.models.pool import ModelPool
 from openai_compat.models.registry import EngineFailure, ModelEntry, Registry
-from openai_compat.settings import Settings, engine_package
+from openai_compat.settings import Settings
 from openai_compat.tenants import Tenants
 
 logger = logging.getLogger("openai_compat")

@@ -12,7 +12,8 @@ from typing import Any
 
 from openai_compat import __version__, cpus, logs
 from openai_compat.config import build_settings, cli_fields, env_name
-from openai_compat.settings import ConfigError, Settings, engine_package, runs_natively
+from openai_compat.engine.build import engine_package, runs_natively
+from openai_compat.settings import ConfigError, Settings
 
 
 def _flag(name: str) -> str:

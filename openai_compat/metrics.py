@@ -19,8 +19,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.routing import compile_path
 
-from openai_compat.engine import adapter
-
 if TYPE_CHECKING:
     from openai_compat.models.registry import Registry
 
@@ -98,7 +96,7 @@ class _ModelState(Collector):
         cache = self.registry.cache
         sizes = cache.per_model_bytes() if cache is not None else {}
         for entry in self.registry.entries():
-            done = adapter.batch_stats(entry.engine)
+            done = entry.engine.batch_stats()
             for key, family in forward.items():
                 if done is not None:
                     family.add_metric([entry.name], done[key])

@@ -3,9 +3,7 @@ floor beside settings.py: it imports nothing else of the package."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -33,24 +31,11 @@ DEBUG_ENGINE = "debugengine"
 TORCH = "torch"
 
 
-def infinity_installed() -> bool:
-    return importlib.util.find_spec("infinity_emb") is not None
-
-
-def runs_natively(engine: str) -> bool:
-    """Whether a model configured with this engine runs on the native engine: "native"; and
-    "torch" / "debugengine" where infinity-emb is not installed. Any other name ("optimum",
-    "ctranslate2"...) is one of infinity-emb's engines."""
-    if engine == NATIVE:
-        return True
-    return engine in (TORCH, DEBUG_ENGINE) and not infinity_installed()
-
-
-def engine_package(engines: Iterable[str]) -> str:
-    """The package whose import (torch, transformers: seconds) to start early for models on
-    these engines: infinity-emb if any model runs on it, else sentence-transformers."""
-    native = all(runs_natively(e) for e in engines)
-    return "sentence_transformers" if native else "infinity_emb"
+def native_engine_name(engine: str) -> bool:
+    """Whether the native engine may run a model configured with this engine: "native", and
+    the names infinity-emb shares with it ("torch", "debugengine"), which run natively where
+    infinity-emb is not installed (engine/build.runs_natively decides)."""
+    return engine in (NATIVE, TORCH, DEBUG_ENGINE)
 
 
 class ConfigError(ValueError):
@@ -260,7 +245,7 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _backend_and_quantize_apply(self) -> ModelConfig:
-        if self.backend != "torch" and not runs_natively(self.engine):
+        if self.backend != "torch" and not native_engine_name(self.engine):
             raise ValueError(
                 f"backend applies to engine = 'native' only (or use engine = {self.backend!r})"
             )

@@ -26,11 +26,8 @@ from openai_compat.model_config import (
     builtin_model_path,
     check_unique_names,
     default_served_name,
-    engine_package,
-    infinity_installed,
     parse_model_spec,
     parse_size,
-    runs_natively,
 )
 
 __all__ = [
@@ -45,10 +42,7 @@ __all__ = [
     "builtin_model_path",
     "check_unique_names",
     "default_served_name",
-    "engine_package",
-    "infinity_installed",
     "parse_model_spec",
-    "runs_natively",
 ]
 
 ENV_PREFIX = "OPENAI_COMPAT_"

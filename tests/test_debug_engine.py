@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from openai_compat import model_config
+from openai_compat.engine import build, infinity
 from openai_compat.engine import native
 from openai_compat.engine.debug import DebugRunner
 from tests.utils import record_batches
@@ -68,16 +69,16 @@ def test_debugengine_and_torch_are_native_exactly_where_infinity_is_missing(
 ) -> None:
     """The default install has no infinity-emb: configurations naming its engine "torch"
     (the old default) or "debugengine" run natively; its other engines are its alone."""
-    monkeypatch.setattr(model_config, "infinity_installed", lambda: False)
+    monkeypatch.setattr(infinity, "installed", lambda: False)
     for engine in ("debugengine", "native", "torch"):
-        assert model_config.runs_natively(engine), engine
-    assert not model_config.runs_natively("optimum")
-    assert model_config.engine_package(["debugengine", "torch"]) == "sentence_transformers"
-    monkeypatch.setattr(model_config, "infinity_installed", lambda: True)
-    assert not model_config.runs_natively("debugengine")
-    assert not model_config.runs_natively("torch")
-    assert model_config.runs_natively("native")
-    assert model_config.engine_package(["debugengine", "native"]) == "infinity_emb"
+        assert build.runs_natively(engine), engine
+    assert not build.runs_natively("optimum")
+    assert build.engine_package(["debugengine", "torch"]) == "sentence_transformers"
+    monkeypatch.setattr(infinity, "installed", lambda: True)
+    assert not build.runs_natively("debugengine")
+    assert not build.runs_natively("torch")
+    assert build.runs_natively("native")
+    assert build.engine_package(["debugengine", "native"]) == "infinity_emb"
 
 
 def test_backend_engine_names_are_the_native_engine_with_that_backend() -> None:

@@ -1,4 +1,4 @@
-"""The engine adapter's contract with the installed infinity-emb: every internal it reads is
+"""InfinityEngine's contract with the installed infinity-emb: every internal it reads is
 there, for every kind of model, and a moved attribute fails loudly by name.
 
 When an infinity-emb upgrade breaks this test, openai_compat/engine/infinity/internals.py is
@@ -17,9 +17,11 @@ import pytest
 
 pytest.importorskip("infinity_emb")  # its own environment: requirements/infinity.txt
 
-from openai_compat.engine import adapter
-from openai_compat.engine.adapter import EngineContractError
 from openai_compat.engine.infinity import hooks as infinity_hooks
+from openai_compat.engine.infinity import internals
+from openai_compat.engine.infinity.engine import InfinityEngine
+from openai_compat.engine.infinity.internals import EngineContractError
+from openai_compat.engine.usage import engine_token_count
 
 pytestmark = pytest.mark.slow
 
@@ -59,12 +61,13 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> di
     return out
 
 
-def _engine(path: str, engine: str = "torch") -> Any:
+def _engine(path: str, engine: str = "torch") -> InfinityEngine:
     from infinity_emb import AsyncEmbeddingEngine, EngineArgs
 
-    return AsyncEmbeddingEngine.from_args(
+    inner = AsyncEmbeddingEngine.from_args(
         EngineArgs(model_name_or_path=path, engine=engine, model_warmup=False, device="cpu")
     )
+    return InfinityEngine(inner, engine)
 
 
 @pytest.fixture(scope="module")
@@ -88,23 +91,24 @@ EXPECTED_LIMITS = {"embedder": 256, "crossencoder": 512, "classifier": 512, "cli
 @pytest.mark.parametrize("kind", ["embedder", "crossencoder", "classifier", "clip", "other"])
 def test_every_internal_is_there_for_every_kind(engines: dict[str, Any], kind: str) -> None:
     engine = engines[kind]
-    assert adapter.contract_problems(engine) == []
-    replica = adapter.replica_of(engine)
-    assert adapter.kind_of(replica) == kind
-    assert adapter.queue_length(engine) == 0
-    assert adapter.batcher_alive(engine)
+    assert engine.contract_problems() == []
+    assert engine.kind == kind
+    assert engine.queue_length() == 0
+    assert engine.is_running
     if kind == "other":
-        assert adapter.applied_max_length(replica) is None
+        assert engine.max_length() is None
         with pytest.raises(ValueError, match="cannot be applied"):
-            adapter.apply_max_length(replica, 16)
+            engine.apply_max_length(16)
         return
-    assert adapter.backend_tokenizer(replica) is not None
+    assert engine.tokenizer() is not None
     # infinity-emb's defaults corrected where needed (CLIP: 77, not the generation default 20)
-    assert adapter.apply_max_length(replica, None) == EXPECTED_LIMITS[kind]
-    assert adapter.apply_max_length(replica, 24) == 24 == adapter.applied_max_length(replica)
+    engine.apply_max_length(None)
+    assert engine.max_length() == EXPECTED_LIMITS[kind]
+    engine.apply_max_length(24)
+    assert engine.max_length() == 24
     with pytest.raises(ValueError, match="more than this model takes"):
-        adapter.apply_max_length(replica, 100_000)
-    runner = infinity_hooks.LogitsRunner.for_replica(replica, kind)
+        engine.apply_max_length(100_000)
+    runner = engine.logits_runner()
     assert (runner is not None) == (kind == "classifier")
     if runner is not None:
         rows = engines["_loop"].run_until_complete(runner.logits(["a text"]))
@@ -117,13 +121,13 @@ def test_a_moved_attribute_is_reported_by_name() -> None:
         pass
 
     with pytest.raises(EngineContractError, match=r"CrossEncoderPatched\.tokenizer is gone"):
-        adapter.hf_tokenizer(CrossEncoderPatched())
+        internals.hf_tokenizer(CrossEncoderPatched())
 
     class Engine:
         is_running = True
         _model_replicas: list[Any] = []
 
-    assert "no model replicas" in adapter.contract_problems(Engine())[0]
+    assert "no model replicas" in internals.contract_problems(Engine())[0]
 
     class Handler:
         pass
@@ -132,7 +136,7 @@ def test_a_moved_attribute_is_reported_by_name() -> None:
         _model_replicas = [object()]
         _batch_handler = Handler()
 
-    problems = adapter.contract_problems(Started())
+    problems = internals.contract_problems(Started())
     assert any("BatchHandler._queue_prio is gone" in p for p in problems)
     assert any("BatchHandler._push_task is gone" in p for p in problems)
 
@@ -140,17 +144,16 @@ def test_a_moved_attribute_is_reported_by_name() -> None:
 @pytest.mark.parametrize("kind", ["embedder", "crossencoder", "classifier", "clip", "other"])
 def test_the_engine_counts_tokens_where_it_can(engines: dict[str, Any], kind: str) -> None:
     engine, loop = engines[kind], engines["_loop"]
-    replica = adapter.replica_of(engine)
-    installed = infinity_hooks.count_tokens_in_engine(replica)
+    installed = infinity_hooks.count_tokens_in_engine(engine.replica)
     assert installed == (kind == "embedder")
     if not installed:
         return
-    adapter.apply_max_length(replica, 256)
+    engine.apply_max_length(256)
     texts = ["hello world", "word " * 400, ""]
     vectors, _ = loop.run_until_complete(engine.embed(texts))
     # [CLS] hello world [SEP]; the long one truncated at 256; "" is [CLS] [SEP]
     assert [v.tokens for v in vectors] == [4, 256, 2]
-    assert adapter.engine_token_count(vectors) == 262
+    assert engine_token_count(vectors) == 262
     assert (
-        adapter.engine_token_count([*vectors, vectors[0].view(type(vectors[0]).__base__)]) is None
+        engine_token_count([*vectors, vectors[0].view(type(vectors[0]).__base__)]) is None
     )

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from openai_compat.engine.adapter import TokenCountedArray
+from openai_compat.engine.usage import TokenCountedArray
 from openai_compat.engine.infinity import feeder as feeder_module
 from openai_compat.engine.infinity.feeder import Feeder
 from openai_compat.errors import ServiceUnavailable

@@ -46,7 +46,7 @@ def _post(srv: RemoteServer, path: str, body: dict[str, Any]) -> httpx.Response:
 
 
 def test_it_runs_on_infinity_emb(infinity_server: RemoteServer) -> None:
-    from openai_compat.model_config import engine_package, runs_natively
+    from openai_compat.engine.build import engine_package, runs_natively
 
     assert not runs_natively("torch")
     assert engine_package(["torch"]) == "infinity_emb"

@@ -279,10 +279,10 @@ def test_pooling_method_and_late_chunking_read_the_librarys_pooling(
     from openai_compat.engine import late, pooling
 
     engine = native.load(config(models["minilm"]), threads=1)
-    assert late.pooling_mode(engine) == "mean"
+    assert engine.pooling_mode() == late.pooling_mode(engine.model) == "mean"
     tokens = engine.model.encode(TEXTS[:3], output_value="token_embeddings")
-    pooling.apply_pooling(engine, "cls")
-    assert late.pooling_mode(engine) == "cls"
+    pooling.apply_pooling(engine.model, "cls", pooled=True)
+    assert engine.pooling_mode() == "cls"
     vectors, _ = run(engine, lambda: engine.embed(TEXTS[:3]))
     cls = np.stack([t[0].float().numpy() for t in tokens])
     cls /= np.linalg.norm(cls, axis=1, keepdims=True)

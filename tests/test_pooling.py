@@ -53,9 +53,9 @@ async def test_pooling_method_serves_that_pooling(minilm_path: str, pooling: str
 def test_pooling_method_refused_where_it_cannot_apply() -> None:
     cross_encoder: Any = type("CrossEncoderPatched", (), {})()
     with pytest.raises(ValueError, match="applies to embedding models"):
-        apply_pooling(cross_encoder, "cls")
+        apply_pooling(cross_encoder, "cls", pooled=False)
     with pytest.raises(ValueError, match="sparse"):
-        apply_pooling(object(), "cls", sparse=True)
-    apply_pooling(cross_encoder, "auto")  # auto changes nothing anywhere
+        apply_pooling(object(), "cls", pooled=True, sparse=True)
+    apply_pooling(cross_encoder, "auto", pooled=False)  # auto changes nothing anywhere
     with pytest.raises(ValueError):
         ModelConfig(model="x", pooling_method="first")  # type: ignore[arg-type]

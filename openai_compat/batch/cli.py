@@ -57,11 +57,12 @@ async def _run(settings: Settings, source: Path, output: Path, endpoint: str) ->
     from openai_compat.app import create_app
     from openai_compat.batch.lines import ENDPOINTS
     from openai_compat.batch.service import BatchService
+    from openai_compat.engine import infinity
 
     if endpoint not in ENDPOINTS:
         raise SystemExit(f"openai-compat batch: endpoint must be one of {', '.join(ENDPOINTS)}")
     app = create_app(settings)
-    for noisy in ("infinity_emb", "sentence_transformers", "openai_compat.access"):
+    for noisy in (infinity.PACKAGE, "sentence_transformers", "openai_compat.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)  # the progress bar speaks
     service: BatchService = app.state.batches
     lifecycle = app.state.lifecycle

@@ -94,3 +94,15 @@ def model_family(source: str, revision: str | None = None) -> str | None:
         return None
     kind = found.get("model_type") if isinstance(found, dict) else None
     return str(kind) if isinstance(kind, str) else None
+
+
+def library_prompts(model: Any) -> tuple[dict[str, str], str | None]:
+    """The prompts a SentenceTransformer read from its folder (config_sentence_transformers
+    .json) and its default prompt name. Sentence-transformers 6 gives every model
+    {"query": "", "document": ""} for its encode_query / encode_document: empty prefixes are
+    no prompts (a folder without any, as 3.x reported it), so input types stay ignored."""
+    prompts = getattr(model, "prompts", None) or {}
+    if not any(prompts.values()):
+        return {}, None
+    default = getattr(model, "default_prompt_name", None)
+    return {str(k): str(v) for k, v in prompts.items()}, default

@@ -1,8 +1,9 @@
 """Late chunking: one forward pass over a whole document, then each span's token vectors
 mean-pooled (Günther et al., "Late Chunking", 2024). Only meaningful for mean-pooling models:
 their sentence vector is the mean of the same token vectors, so a span's mean lives in the same
-space. Reads the sentence-transformers replica through its public API (tokenize, forward,
-its Pooling module); runs beside infinity-emb's batcher on one bounded thread per model.
+space. Reads the SentenceTransformer through its public API (preprocess or tokenize, forward,
+its Pooling module); runs beside the engine's batcher on one bounded thread per model. The
+engines hand their model here (contract.Engine.late_runner, pooling_mode).
 """
 
 from __future__ import annotations
@@ -13,16 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat.engine.adapter import kind_of, multivector, sentence_transformer
 
-
-def pooling_mode(replica: Any) -> str | None:
-    """The replica's pooling ("mean", "cls", "lasttoken"...), None if it has no Pooling."""
-    if kind_of(replica) != "embedder" or multivector(replica):
-        return None
+def pooling_mode(model: Any) -> str | None:
+    """A SentenceTransformer's pooling ("mean", "cls", "lasttoken"...), None if it has no
+    Pooling module."""
     from sentence_transformers.models import Pooling
 
-    for module in sentence_transformer(replica):
+    for module in model:
         if isinstance(module, Pooling):
             mode = getattr(module, "pooling_mode", None)  # sentence-transformers >= 6
             if mode is None:  # 3.x (infinity-emb's pin) names it through a method
@@ -31,11 +29,10 @@ def pooling_mode(replica: Any) -> str | None:
     return None
 
 
-def _forward(replica: Any, text: str) -> tuple[np.ndarray, np.ndarray]:
+def _forward(model: Any, text: str) -> tuple[np.ndarray, np.ndarray]:
     import torch
     from sentence_transformers.util import batch_to_device
 
-    model = sentence_transformer(replica)
     # sentence-transformers 6 prepares inputs with `preprocess` (`tokenize` before it)
     prepare = getattr(model, "preprocess", None) or model.tokenize
     with torch.inference_mode():
@@ -50,14 +47,14 @@ class LateRunner:
     """One model's late-chunking forwards, on one thread of its own beside the batcher;
     `close()` (when the model unloads) ends the thread."""
 
-    def __init__(self, replica: Any) -> None:
-        self.replica = replica
+    def __init__(self, model: Any) -> None:
+        self.model = model
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="late-chunking")
 
     async def token_vectors(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each text's token vectors (special tokens included) and its sentence vector."""
         loop = asyncio.get_running_loop()
-        return [await loop.run_in_executor(self._pool, _forward, self.replica, t) for t in texts]
+        return [await loop.run_in_executor(self._pool, _forward, self.model, t) for t in texts]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

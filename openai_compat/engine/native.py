@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat.engine import classes, folders
+from openai_compat.engine import classes, folders, late, limits
 from openai_compat.engine.debug import DebugRunner
 from openai_compat.engine.prep import FairPrep
 from openai_compat.engine.priority import in_background, tenant
@@ -235,11 +235,67 @@ class NativeEngine:
         ]
 
     # ------------------------------------------------------------ what the server asks
+    # (engine/contract.py's Engine: public attributes of the library's objects only)
 
     def torch_modules(self) -> list[Any]:
         """The torch modules holding the model's weights; none where an export runs it (its
         runtime's memory shows in the process's growth during the load)."""
         return [] if self.runner.exported is not None else [self.model]
+
+    def apply_max_length(self, max_length: int | None) -> None:
+        """Truncate at `max_length` (default: the model's own limit); ValueError past what
+        the model takes. Sentence-transformers' own setting, every kind."""
+        model, tokenizer = self.model.transformers_model, self.runner.tokenizer
+        limits.check(max_length, model, tokenizer)
+        limit = max_length or limits.default_limit(model, tokenizer)
+        if limit is not None:
+            self.model.max_seq_length = limit
+
+    def max_length(self) -> int | None:
+        return limits.plausible(self.model.max_seq_length)
+
+    def tokenizer(self) -> Any | None:
+        return getattr(self.runner.tokenizer, "backend_tokenizer", None)
+
+    def prompts(self) -> tuple[dict[str, str], str | None]:
+        # a "clip" is also a vision-language embedder, whose prompts are system messages
+        if self.kind not in ("embedder", "sparse", "clip"):
+            return {}, None
+        return folders.library_prompts(self.model)
+
+    def labels(self) -> dict[str, str]:
+        return limits.labels(self.model.transformers_model)
+
+    def sparse_size(self) -> int | None:
+        return self.runner.sparse_size
+
+    def reports_tokens(self) -> bool:
+        return not self.runner.multivector  # token vectors: the server counts
+
+    def takes_token_ids(self) -> bool:
+        return self.kind == "embedder"
+
+    def image_tokens(self) -> int:
+        return int(self.runner.image_tokens)
+
+    def pooling_mode(self) -> str | None:
+        single = self.kind == "embedder" and not self.runner.multivector
+        return late.pooling_mode(self.model) if single else None
+
+    def late_runner(self) -> late.LateRunner:
+        return late.LateRunner(self.model)
+
+    def logits_runner(self) -> NativeEngine | None:
+        return self if self.kind == "classifier" else None  # logits go through the queue
+
+    def wave_feeder(self, batch_size: int) -> None:
+        return None  # the scheduler forms its own batches
+
+    def batch_stats(self) -> dict[str, Any]:
+        return self.scheduler.stats.as_dict()
+
+    def contract_problems(self) -> list[str]:
+        return []
 
 
 # ---------------------------------------------------------------- loading

@@ -1,16 +1,14 @@
-"""The pooling a model's config asks for (`pooling_method`), applied to an embedder replica.
+"""The pooling a model's config asks for (`pooling_method`), applied to a SentenceTransformer.
 
 infinity-emb takes a pooling method but its sentence-transformers embedder keeps the model
 folder's own Pooling module, so `pooling_method = "cls"` used to change nothing. Here the
-replica's Pooling module is switched to the method asked for; "auto" keeps the folder's.
-It reads infinity-emb's replica only through engine/adapter.py's helpers.
+model's Pooling module is switched to the method asked for; "auto" keeps the folder's. Both
+engines call it on their model as they are built (engine/build.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from openai_compat.engine.adapter import kind_of, multivector, sentence_transformer
 
 # pooling_method -> the sentence-transformers Pooling flag that selects it
 METHODS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
@@ -23,23 +21,24 @@ _FLAGS = (
 )
 
 
-def apply_pooling(replica: Any, method: str, *, sparse: bool = False) -> None:
-    """Make the replica pool with `method`; ValueError (start-up stops, naming the model) if
-    it is unknown or the model has no pooling to change."""
+def apply_pooling(model: Any, method: str, *, pooled: bool, sparse: bool = False) -> None:
+    """Make `model` (a SentenceTransformer where `pooled`: an embedder with one vector per
+    input) pool with `method`; ValueError (start-up stops, naming the model) if it is unknown
+    or the model has no pooling to change."""
     if method == "auto":
         return
     if sparse:
         raise ValueError("pooling_method does not apply to a sparse model (SPLADE max-pools)")
     if method not in METHODS:
         raise ValueError(f"pooling_method {method!r} is not one of auto, {', '.join(METHODS)}")
-    if kind_of(replica) != "embedder" or multivector(replica):
+    if not pooled:
         raise ValueError(
-            f"pooling_method applies to embedding models; a {type(replica).__name__} model "
+            f"pooling_method applies to embedding models; a {type(model).__name__} model "
             "has no pooling to change (leave it 'auto')"
         )
     from sentence_transformers.models import Pooling
 
-    poolers = [m for m in sentence_transformer(replica) if isinstance(m, Pooling)]
+    poolers = [m for m in model if isinstance(m, Pooling)]
     if len(poolers) != 1:
         raise ValueError(
             f"pooling_method needs exactly one Pooling module in the model, found {len(poolers)}"

@@ -2,7 +2,7 @@
 by the model's forward lanes.
 
 A caller's inputs arrive prepared (tokenized off the event loop, each with its cost in tokens)
-and wait as slots in the model's queue: live calls in one, Batch API lines (feeder.background)
+and wait as slots in the model's queue: live calls in one, Batch API lines (priority.background)
 in another that is served only while no live input waits. When a lane is free it forms the
 next batch from the oldest `window` live slots (batching.form_batch): sorted by cost, the run of
 `batch_size` neighbouring lengths that pads least, within `max_len x n <= max_batch_tokens`

@@ -1,6 +1,6 @@
-"""What the engine reports with its vectors: token counts and pre-normalisation norms
-(engine/adapter.py's count_tokens_in_engine attaches them), and the usage infinity-emb
-reports where it does not tokenise."""
+"""What the engine reports with its vectors: token counts and pre-normalisation norms (the
+native engine's own; infinity/hooks.py attaches them to infinity-emb's), and the usage
+infinity-emb reports where it does not tokenise."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 
 class TokenIds(str):
     """An input given as the model's own token ids (token_ids = "model"): the engine embeds
-    exactly `ids` (engine/adapter.py builds its features from them, no tokenizer); the string
+    exactly `ids` (its features built from them, no tokenizer); the string
     is their decoded text, for logs and length estimates."""
 
     ids: tuple[int, ...]

@@ -14,10 +14,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from openai_compat.engine import adapter
-from openai_compat.engine.infinity import engines as infinity_engines
 from openai_compat.engine.scheduler import EngineStopped, OutputTooLarge
-from openai_compat.engine.usage import TokenIds
+from openai_compat.engine.usage import TokenIds, engine_token_count, raw_vectors
 from openai_compat.errors import BadRequest, InputTooLong, ServiceUnavailable
 from openai_compat.formats.encoding import as_matrix
 from openai_compat.formats.prompts import mode_of
@@ -35,20 +33,15 @@ _CHARS_PER_ID = 4
 
 @contextmanager
 def engine_errors() -> Iterator[None]:
-    """An engine's refusals as API errors: infinity-emb's exceptions for bad input -> 400s;
-    a native engine stopped under a request (its model unloaded, the server stopping) -> 503;
-    anything else stays a 500. (The native engine refuses bad input before it is queued.)"""
+    """An engine's refusals as API errors: an engine stopped under a request (its model
+    unloaded, the server stopping) -> 503; a multi-vector answer over its bound -> 400;
+    anything else stays a 500. (Engines refuse bad input as BadRequest themselves.)"""
     try:
         yield
     except EngineStopped as exc:
         raise ServiceUnavailable(str(exc), headers={"Retry-After": "1"}) from exc
     except OutputTooLarge as exc:
         raise BadRequest(str(exc), param="input", code="output_too_large") from exc
-    except Exception as exc:
-        refusal = infinity_engines.refusal(exc)
-        if refusal is None:
-            raise
-        raise refusal from exc
 
 
 def check_count(n: int, limit: int, param: str, what: str = "inputs") -> None:
@@ -178,7 +171,7 @@ async def _embed(
             return EmbedResult(vectors, tokens if exact else int(usage))
         if counter is None or not settings.count_tokens or entry.engine_counts or entry.messages:
             vectors, usage = await entry.embed(list(texts), mode, system)
-            counted = adapter.engine_token_count(vectors) if settings.count_tokens else None
+            counted = engine_token_count(vectors) if settings.count_tokens else None
             return EmbedResult(vectors, int(usage) if counted is None else counted)
         tokens, (vectors, _) = await asyncio.gather(
             counter.usage(texts, truncate=True), entry.embed(list(texts), mode)
@@ -206,7 +199,7 @@ async def _embed_ids(
 
 
 def check_raw_output(entry: ModelEntry, param: str = "normalize") -> None:
-    """Un-normalised vectors (TEI's normalize=false) need the norms the engine adapter keeps."""
+    """Un-normalised vectors (TEI's normalize=false) need the norms the engine keeps."""
     if not entry.raw_output:
         raise BadRequest(
             f"Model {entry.name!r} returns only L2-normalised vectors on this backend; "
@@ -219,7 +212,7 @@ def check_raw_output(entry: ModelEntry, param: str = "normalize") -> None:
 def raw_matrix(vectors: Sequence[Any]) -> np.ndarray:
     """The model's own output (what sentence-transformers' encode(normalize_embeddings=False)
     gives) for vectors of a model with raw_output."""
-    raw = adapter.raw_vectors(vectors)
+    raw = raw_vectors(vectors)
     if raw is None:  # check_raw_output ran first; a replica without norms is a server bug
         raise RuntimeError("the engine returned vectors without their norms")
     return as_matrix(raw)

@@ -283,15 +283,10 @@ async def embed_late(
     runs of `chunk_tokens` tokens. The document must fit the model's window. Chunks count
     against max_windows_per_input and max_windows_per_request, checked before any work per
     chunk; the pooling is one matrix product per document, off the event loop."""
-    from openai_compat.engine import adapter, late
-
     limit = _check_model(entry)
     counter = entry.counter
     assert counter is not None
-    # A model a Ray Serve deployment runs answers these itself (ray_serve/remote.py).
-    remote = getattr(entry.engine, "token_vectors", None)
-    replica = None if remote is not None else adapter.replica_of(entry.engine)
-    mode = entry.engine.pooling_mode if remote is not None else late.pooling_mode(replica)
+    mode = entry.engine.pooling_mode()
     if mode != "mean":
         raise BadRequest(
             f"Late chunking averages token vectors, which matches only a mean-pooling model; "
@@ -346,12 +341,9 @@ async def embed_late(
         )
     with entry.admit(len(texts), settings.max_queued_inputs):
         await reserve_tokens(sum(len(e.ids) for e in encodings))  # usage, before the model
-        if remote is not None:
-            outputs = await remote(full)
-        else:
-            if entry.late is None:
-                entry.late = late.LateRunner(replica)
-            outputs = await entry.late.token_vectors(full)
+        if entry.late is None:  # closed with the model (models/loading.py)
+            entry.late = entry.engine.late_runner()
+        outputs = await entry.late.token_vectors(full)
 
     def pool() -> LongResult:
         vectors, chunks = [], []

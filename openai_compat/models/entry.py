@@ -10,8 +10,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from openai_compat.engine import adapter
-from openai_compat.engine.infinity.feeder import Feeder
 from openai_compat.engine.priority import in_background
 from openai_compat.errors import BadRequest, RateLimited
 from openai_compat.formats.compact import Quantizer
@@ -37,7 +35,7 @@ class ModelEntry:
     """One loaded model and everything the API needs to know about it."""
 
     config: ModelConfig
-    engine: Any  # engine/native.NativeEngine, or infinity-emb's engine (engine/infinity/)
+    engine: Any  # engine/contract.Engine (None once unloaded)
     capabilities: frozenset[Capability]
     dimensions: int | None = None
     max_length: int | None = None
@@ -61,7 +59,7 @@ class ModelEntry:
     messages: bool = False
     prompts: Prompts = field(default_factory=Prompts)
     quantizer: Quantizer | None = None  # int8/uint8 ranges (see formats/compact.py)
-    feeder: Feeder | None = None  # embed calls in length-sorted waves (engine/infinity/feeder.py)
+    feeder: Any | None = None  # embed calls in waves (contract.Engine.wave_feeder)
     cache: EmbeddingCache | None = None  # exact vectors of texts seen before (cache.py)
     queued: int = 0  # live inputs admitted and not yet answered
     inflight: int = 0  # live requests in the engine's hands
@@ -85,7 +83,7 @@ class ModelEntry:
 
         A request is always admitted onto an idle model, so one larger than the limit can
         still run; the queue never holds more than `limit` plus one request's inputs. Live
-        requests and Batch API lines (inside feeder.background()) have a budget each: a job
+        requests and Batch API lines (inside priority.background()) have a budget each: a job
         never uses up live admission, and live traffic never starves a job of its own.
         """
         background = in_background()
@@ -129,10 +127,9 @@ class ModelEntry:
         return self.counter
 
     def engine_queue(self) -> int:
-        """Inputs waiting for the model: in infinity-emb's batching queue, and held by the
-        feeder for its next wave."""
+        """Inputs waiting for the model: in the engine's queue, and held by a wave feeder."""
         held = self.feeder.waiting if self.feeder is not None else 0
-        return adapter.queue_length(self.engine) + held
+        return int(self.engine.queue_length()) + held
 
     async def embed(
         self, texts: list[str], mode: str | None = None, prompt: str | None = None
@@ -169,4 +166,4 @@ class ModelEntry:
 
     def alive(self) -> bool:
         """False once the engine's batching machinery has died."""
-        return adapter.batcher_alive(self.engine)
+        return bool(self.engine.is_running)

@@ -3,8 +3,8 @@
 Owns engine construction (exported backends, sparse heads, length caps), the probe that tells
 what a started engine can do, int8 calibration and its cache, warm-up, and stopping engines.
 It must not answer requests or look names up: that is registry.py (names -> entries) and
-inference/embed.py (requests -> engine calls). infinity-emb is built and stopped by
-engine/infinity/engines.py, its internals read in engine/infinity/ and engine/adapter.py.
+inference/embed.py (requests -> engine calls). Engines are built and stopped by
+engine/build.py and read through engine/contract.py's Engine only.
 """
 
 from __future__ import annotations
@@ -17,12 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat import cpus
-from openai_compat.engine import adapter, folders, native, pooling
-from openai_compat.engine.infinity import engines as infinity_engines
-from openai_compat.engine.infinity import hooks as infinity_hooks
-from openai_compat.engine.infinity import splade
-from openai_compat.engine.infinity.feeder import Feeder
+from openai_compat.engine import build, folders
+from openai_compat.engine.contract import Engine
+from openai_compat.engine.usage import engine_token_count, raw_vectors
 from openai_compat.formats.prompts import Prompts
 from openai_compat.formats.token_ids import Cl100kDecoder, ModelTokenIdDecoder
 from openai_compat.formats.tokens import TokenCounter
@@ -31,12 +28,7 @@ from openai_compat.models import memory
 from openai_compat.models.calibration import calibrate
 from openai_compat.models.preflight import check_options
 from openai_compat.models.registry import Capability, EngineFailure, ModelEntry, Registry
-from openai_compat.settings import (
-    ModelConfig,
-    default_export_dir,
-    infinity_installed,
-    runs_natively,
-)
+from openai_compat.settings import ModelConfig, default_export_dir
 
 logger = logging.getLogger("openai_compat")
 
@@ -50,82 +42,53 @@ _CAPABILITIES: dict[str, Capability] = {
 }
 
 
-def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Any:
-    """Build (load weights of) one engine: the native one, or infinity-emb's where the model
-    names one of its engines and it is installed. Blocking: run it in a thread."""
+def create_engine(config: ModelConfig, export_dir: Path | None = None) -> Engine:
+    """Build (load weights of) one model's engine (engine/build.py decides which). Blocking:
+    run it in a thread."""
     check_options(config)
-    if runs_natively(config.engine):
-        return _create_native(config, export_dir or default_export_dir())
-    if not infinity_installed():
-        raise EngineFailure(
-            f"model {config.served_name!r}: engine = {config.engine!r} is one of infinity-emb's "
-            "engines, which is not installed here: use engine = 'native' (the default), or "
-            "install infinity-emb in an environment of its own (requirements/infinity.txt)"
-        )
     try:
-        engine = infinity_engines.create(config)
-    except (KeyError, ValueError, TypeError) as exc:
-        raise EngineFailure(f"model {config.served_name!r}: invalid engine options: {exc}") from exc
-    replica = adapter.replica_of(engine)
-    sparse = config.kind == "sparse" or (
-        config.kind == "auto" and splade.is_masked_lm(config.source)
-    )
-    try:
-        if sparse:
-            splade.serve_sparse(replica, config.source, config.trust_remote_code)
-        adapter.apply_max_length(replica, config.max_length)
-        pooling.apply_pooling(replica, config.pooling_method, sparse=sparse)
-    except ValueError as exc:
+        return build.create(config, export_dir or default_export_dir())
+    except build.NotInstalled as exc:
         raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
-    return engine
-
-
-def _create_native(config: ModelConfig, export_dir: Path) -> native.NativeEngine:
-    try:
-        engine = native.load(config, cpus.engine_threads(), export_dir)
-        adapter.apply_max_length(engine, config.max_length)
-        pooling.apply_pooling(engine, config.pooling_method, sparse=engine.kind == "sparse")
     except (ValueError, TypeError, KeyError) as exc:
         raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
-    return engine
 
 
-async def _probe(engine: Any, counter: TokenCounter | None) -> tuple[list[Any], bool]:
+async def _probe(engine: Engine, counter: TokenCounter | None) -> tuple[list[Any], bool]:
     """One embedding through the engine; and whether the token count the engine reported
     for it (if any) matches the model's tokenizer (only then is it trusted)."""
     vectors, _ = await engine.embed(["dimension probe"])
     expected = await counter.usage(["dimension probe"], truncate=True) if counter else None
-    return vectors, adapter.engine_token_count(vectors) == expected
+    return vectors, engine_token_count(vectors) == expected
 
 
 async def describe(
     config: ModelConfig,
-    engine: Any,
+    engine: Engine,
     cl100k: Cl100kDecoder | None,
     cache_dir: Path | None = None,
 ) -> ModelEntry:
     """Inspect a started engine: capabilities, size, tokenizer, the limit it applies."""
-    problems = adapter.contract_problems(engine)
+    problems = engine.contract_problems()
     if problems:
         raise EngineFailure("; ".join(problems))
     caps = frozenset(_CAPABILITIES[c] for c in engine.capabilities if c in _CAPABILITIES)
     native = set(engine.capabilities)
-    replica = adapter.replica_of(engine)
-    backend = adapter.backend_tokenizer(replica)
-    max_length = adapter.applied_max_length(replica)
+    backend = engine.tokenizer()
+    max_length = engine.max_length()
     counter = TokenCounter(backend, max_length) if backend is not None else None
     decoder: Any | None = None
     if config.token_ids == "cl100k_base":
         decoder = cl100k
     elif config.token_ids == "model" and backend is not None:
         decoder = ModelTokenIdDecoder(backend)
-    folder, folder_default = adapter.folder_prompts(replica)
+    folder, folder_default = engine.prompts()
     declared = folders.declared_prompts(config.source, config.revision) if folder else None
     if declared is not None:  # a blank prompt the library added must not shadow a real one
         folder = {k: v for k, v in folder.items() if v or k in declared}
     try:
         prompts = Prompts.resolve(config.prompts, config.default_prompt, folder, folder_default)
-        if getattr(engine, "modes", False):
+        if engine.modes:
             prompts = dataclasses.replace(prompts, modes=True)
     except ValueError as exc:
         raise EngineFailure(f"model {config.served_name!r}: {exc}") from exc
@@ -134,17 +97,16 @@ async def describe(
     engine_counts = False
     raw_output = False
     quantizer = None
-    sparse_size = _sparse_size(replica)
+    sparse_size = engine.sparse_size()
     if sparse_size is not None:
         # A SPLADE model (create_engine): sparse vectors, and rerank by their dot product.
         caps = (caps - {"embed"}) | {"sparse", "rerank"}
         dimensions = sparse_size
         vectors, engine_counts = await _probe(engine, counter)
     elif "embed" in caps:
-        counting = infinity_hooks.count_tokens_in_engine(replica)
         vectors, counts_match = await _probe(engine, counter)
-        engine_counts = counting and counts_match
-        raw_output = adapter.raw_vectors(vectors) is not None
+        engine_counts = engine.reports_tokens() and counts_match
+        raw_output = raw_vectors(vectors) is not None
         probe = np.asarray(vectors[0])
         dimensions = int(probe.shape[-1])
         multivector = probe.ndim == 2
@@ -153,8 +115,8 @@ async def describe(
         caps = caps | {"rerank"}
         if not multivector:
             quantizer = await calibrate(engine, config, cache_dir)
-    elif adapter.is_native(engine):
-        engine_counts = True  # rerankers and classifiers count the inputs they tokenize
+    else:  # rerankers and classifiers: the engines that count the inputs they tokenize
+        engine_counts = engine.reports_tokens()
     return ModelEntry(
         config=config,
         engine=engine,
@@ -163,51 +125,25 @@ async def describe(
         max_length=max_length,
         counter=counter,
         token_decoder=decoder,
-        logits=infinity_hooks.LogitsRunner.for_replica(replica, config.served_name),
+        logits=engine.logits_runner(),
         multivector=multivector,
-        modes=bool(getattr(engine, "modes", False)),
+        modes=engine.modes,
         engine_counts=engine_counts,
         raw_output=raw_output,
-        exact_token_ids=config.token_ids == "model" and infinity_hooks.accepts_token_ids(replica),
-        image_tokens=adapter.image_tokens(replica) if "image" in caps else 0,
-        sampling_rate=adapter.sampling_rate(replica) if "audio" in caps else None,
+        exact_token_ids=config.token_ids == "model" and engine.takes_token_ids(),
+        image_tokens=engine.image_tokens() if "image" in caps else 0,
+        sampling_rate=engine.sampling_rate if "audio" in caps else None,
         cosine_rerank="embed" in native
         and "rerank" in caps
         and sparse_size is None
         and not multivector,
         sparse=sparse_size is not None,
-        modalities=_modalities(engine, caps),
-        messages=bool(getattr(engine, "messages", False)),
+        modalities=engine.modalities,
+        messages=engine.messages,
         prompts=prompts,
         quantizer=quantizer,
-        # The native engine forms its own batches (engine/scheduler.py); the feeder gathers
-        # waves for infinity-emb, whose queue batches as soon as anything arrives.
-        feeder=Feeder(engine, config.batch_size)
-        if config.wave_batching
-        and not adapter.is_native(engine)
-        and ("embed" in native or sparse_size is not None)
-        else None,
+        feeder=engine.wave_feeder(config.batch_size) if config.wave_batching else None,
     )
-
-
-def _modalities(engine: Any, caps: frozenset[Capability]) -> frozenset[str]:
-    """What a model's inputs may be: the native engine says; else what its abilities imply."""
-    told = getattr(engine, "modalities", None)
-    if isinstance(told, frozenset | set):
-        return frozenset(told)
-    return frozenset(
-        {"text"}
-        | ({"image"} if "image" in caps else set())
-        | ({"audio"} if "audio" in caps else set())
-    )
-
-
-def _sparse_size(replica: Any) -> int | None:
-    """A sparse model's vector size (its vocabulary); None for any other model."""
-    if adapter.is_native(replica):
-        size: int | None = replica.runner.sparse_size
-        return size
-    return splade.sparse_size(replica)
 
 
 class ModelLoader:
@@ -230,8 +166,8 @@ class ModelLoader:
         """What the model's own tensors take (pool.py charges this to the memory budget);
         None where the engine holds no torch tensors (the RSS growth of its load counts)."""
         try:
-            return memory.tensor_bytes(adapter.torch_modules(entry.engine))
-        except adapter.EngineContractError:  # not a local engine (a Ray deployment's handle)
+            return memory.tensor_bytes(entry.engine.torch_modules())
+        except RuntimeError:  # an engine whose library changed (its contract's error)
             return None
 
     async def __call__(self, config: ModelConfig) -> ModelEntry:
@@ -248,9 +184,9 @@ class ModelLoader:
             entry = await describe(config, engine, self.cl100k, export_dir or default_export_dir())
             if config.model_warmup:
                 await warm_up(entry)
-            bound = getattr(engine, "bound_output", None)  # clients' calls, not the warm-up's
-            if entry.multivector and bound is not None and self.max_multivector_values:
-                bound(entry.dimensions, self.max_multivector_values)
+            if entry.multivector and entry.dimensions and self.max_multivector_values:
+                # clients' calls, not the warm-up's
+                engine.bound_output(entry.dimensions, self.max_multivector_values)
         except BaseException as exc:
             if engine is not None:  # a lazy load that failed must not leave its engine behind
                 await _stop_quietly(registry, engine)
@@ -272,7 +208,7 @@ class ModelLoader:
         return entry
 
 
-async def _stop_quietly(registry: Registry, engine: Any) -> None:
+async def _stop_quietly(registry: Registry, engine: Engine) -> None:
     registry.engines = [e for e in registry.engines if e is not engine]
     try:
         await engine.astop()
@@ -319,16 +255,10 @@ async def warm_up(entry: ModelEntry) -> None:
 
 
 async def stop_engines(registry: Registry) -> None:
-    """Stop every engine that was started: native ones each, infinity-emb's as one
-    AsyncEngineArray (only then is infinity-emb imported)."""
+    """Stop every engine that was started (engine/build.stop)."""
     if not registry.engines:
         return
     for entry in registry.entries():
         _close_helpers(entry)
     engines, registry.engines = registry.engines, []
-    for engine in engines:
-        if adapter.is_native(engine):
-            await engine.astop()
-    others = [e for e in engines if not adapter.is_native(e)]
-    if others:
-        await infinity_engines.stop(others)
+    await build.stop(engines)

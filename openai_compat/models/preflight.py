@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from openai_compat.engine import adapter
+from openai_compat.engine.build import runs_natively
 from openai_compat.models.registry import EngineFailure
-from openai_compat.settings import BUILTIN_PREFIX, ModelConfig, runs_natively
+from openai_compat.settings import BUILTIN_PREFIX, ModelConfig
 
 
 def _missing_folder(config: ModelConfig) -> str | None:
@@ -134,8 +134,8 @@ def check_options(config: ModelConfig) -> None:
             f"model {name!r}: bettertransformer = true applies to infinity-emb's engines; the "
             "native engine runs transformers' own attention (SDPA): leave the option out"
         )
-    if config.bettertransformer and not adapter.bettertransformer_available():
+    if not native and config.backend != "torch":
         raise EngineFailure(
-            f"model {name!r}: bettertransformer = true needs optimum's BetterTransformer "
-            "(optimum < 2), which is not installed; leave the option out"
+            f"model {name!r}: backend applies to engine = 'native' only; {config.engine!r} "
+            f"is infinity-emb's here (or use engine = {config.backend!r})"
         )

@@ -11,8 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from openai_compat import cpus
-from openai_compat.engine import adapter, late
-from openai_compat.engine.infinity import feeder
+from openai_compat.engine import priority
 from openai_compat.metrics import Metrics
 from openai_compat.models import memory
 from openai_compat.models.loading import ModelLoader, stop_engines
@@ -50,26 +49,26 @@ class ModelServer:
     def _serving(self, method: str, inputs: int, background: bool) -> Iterator[None]:
         """A call's inputs count as queued and in flight while it runs (never refused: the
         ingress admits), and as served by `method` once answered. A Batch API line's
-        (`background`) waits for live calls in the feeder, as on one machine."""
+        (`background`) waits for live calls, as on one machine."""
         with contextlib.ExitStack() as stack:
             if background:
-                stack.enter_context(feeder.background())
+                stack.enter_context(priority.background())
             stack.enter_context(self.entry.admit(inputs, 0))
             yield
         self.metrics.inputs.labels(self.entry.name, method).inc(inputs)
 
     def describe(self) -> dict[str, Any]:
         entry = self.entry
-        replica = adapter.replica_of(entry.engine)
-        tokenizer = adapter.backend_tokenizer(replica)
+        engine = entry.engine
+        tokenizer = engine.tokenizer()
         return {
             "config": entry.config,
             "capabilities": sorted(entry.capabilities),
             "native": sorted(entry.engine.capabilities),
             "tokenizer": tokenizer.to_str() if entry.counter and tokenizer else None,
             "logits": entry.logits is not None,
-            "id2label": adapter.id2label(replica),
-            "pooling_mode": late.pooling_mode(replica),
+            "id2label": engine.labels(),
+            "pooling_mode": engine.pooling_mode(),
             **{field: getattr(entry, field) for field in ENTRY_FIELDS},
         }
 
@@ -123,7 +122,7 @@ class ModelServer:
     async def token_vectors(self, texts: list[str], background: bool = False) -> list[Any]:
         with self._serving("token_vectors", len(texts), background):
             if self.entry.late is None:  # closed with the entry's engine (models/loading.py)
-                self.entry.late = late.LateRunner(adapter.replica_of(self.entry.engine))
+                self.entry.late = self.entry.engine.late_runner()
             return await self.entry.late.token_vectors(texts)
 
     def check_health(self) -> None:

@@ -25,6 +25,7 @@ from typing import Any, cast
 import numpy as np
 
 from openai_compat import logs
+from openai_compat.engine.build import engine_package
 from openai_compat.engine.priority import in_background
 from openai_compat.engine.usage import TokenCountedArray
 from openai_compat.errors import ServiceUnavailable
@@ -33,7 +34,7 @@ from openai_compat.formats.token_ids import Cl100kDecoder, ModelTokenIdDecoder
 from openai_compat.formats.tokens import TokenCounter
 from openai_compat.models.registry import ModelEntry, Registry
 from openai_compat.ray_serve.metrics import RayMetricsExport
-from openai_compat.settings import ModelConfig, Settings, engine_package
+from openai_compat.settings import ModelConfig, Settings
 
 # Ray's errors that mean "this replica is gone or cannot take the call now": the request is
 # answered 503 with Retry-After (clients and SDKs retry), never a hang or a 500.
@@ -88,16 +89,16 @@ class Ranked:
 class RemoteEngine:
     """The engine calls the API layer makes, each forwarded to the model deployment."""
 
-    is_running = True  # replicas are Ray's to replace; see adapter.batcher_alive
+    is_running = True  # replicas are Ray's to replace (ModelServer.check_health)
 
     def __init__(self, handle: Any, name: str, description: dict[str, Any]) -> None:
         self.handle, self.name = handle, name
         self.capabilities = set(description["native"])
-        self.id2label: dict[str, str] = description.get("id2label") or {}
-        self.pooling_mode: str | None = description.get("pooling_mode")
+        self._labels: dict[str, str] = description.get("id2label") or {}
+        self._pooling: str | None = description.get("pooling_mode")
 
     async def _call(self, method: str, *args: Any, **options: Any) -> Any:
-        """One call to the deployment; a Batch API line's (inside feeder.background()) says
+        """One call to the deployment; a Batch API line's (inside priority.background()) says
         so, and the model replica runs it after live requests."""
         call: Callable[..., Awaitable[Any]] = getattr(self.handle, method).remote
         try:
@@ -143,8 +144,42 @@ class RemoteEngine:
         result: list[tuple[np.ndarray, np.ndarray]] = await self._call("token_vectors", texts)
         return result
 
+    async def astart(self) -> None:
+        """The deployment starts the engine: nothing to start here."""
+
     async def astop(self) -> None:
         """The deployment owns the engine: nothing to stop here."""
+
+    # What contract.Engine's questions the ingress asks, answered from the description (the
+    # ingress builds its entry from it, not from these: ModelServer.describe).
+    kind = "other"
+    sampling_rate = None
+    modes = messages = False
+    modalities: frozenset[str] = frozenset({"text"})
+
+    def labels(self) -> dict[str, str]:
+        return self._labels
+
+    def pooling_mode(self) -> str | None:
+        return self._pooling
+
+    def late_runner(self) -> RemoteEngine:
+        return self  # the deployment's late runner gives the token vectors
+
+    def close(self) -> None:
+        """As a late runner: the deployment's own closes with its model."""
+
+    def queue_length(self) -> int:
+        return 0  # queued in the deployment (Ray Serve's own queue metrics)
+
+    def batch_stats(self) -> None:
+        return None
+
+    def torch_modules(self) -> list[Any]:
+        return []  # the weights are in the deployment's process
+
+    def contract_problems(self) -> list[str]:
+        return []
 
 
 class RemoteLogits:

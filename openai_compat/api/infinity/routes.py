@@ -108,7 +108,7 @@ async def _media(request: Request, modality: Modality) -> Response:
 
 
 @router.post("/embeddings", include_in_schema=False)  # documented once, as /v1/embeddings
-async def infinity_embeddings(request: Request) -> Response:
+async def bare_embeddings(request: Request) -> Response:
     """infinity: POST /embeddings, OpenAI's body with infinity's defaults: its clients send
     model "default/not-specified" and dimensions 0 (= the model's size) unless told otherwise."""
     registry = ready_registry(request)

@@ -26,7 +26,6 @@ from openai_compat.api.tei.protocol import (
     TeiRerankRequest,
     TeiTokenizeRequest,
 )
-from openai_compat.engine import adapter
 from openai_compat.errors import BadRequest, set_family
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.formats.tokens import field_names
@@ -255,7 +254,7 @@ async def info(request: Request) -> Response:
         model_type: dict[str, Any] = {"embedding": {"pooling": "mean"}}
     else:
         kind = "reranker" if "rerank" in entry.capabilities else "classifier"
-        id2label = adapter.labels_of(entry.engine)
+        id2label = entry.engine.labels()
         label2id = {label: int(i) for i, label in id2label.items() if i.isdigit()}
         model_type = {kind: {"id2label": id2label, "label2id": label2id}}
     return orjson_response(

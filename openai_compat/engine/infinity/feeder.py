@@ -47,8 +47,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from openai_compat.engine import adapter
 from openai_compat.engine.priority import _BACKGROUND, background, in_background
+from openai_compat.engine.usage import engine_token_count, length_estimate
 from openai_compat.errors import ModelOutputError, ServiceUnavailable
 
 __all__ = ["Feeder", "background", "in_background"]
@@ -346,5 +346,5 @@ def _chunk_error(task: Any, inputs: int) -> BaseException | None:
 
 
 def _usage(texts: list[str], vectors: list[Any]) -> int:
-    counted = adapter.engine_token_count(vectors)
-    return counted if counted is not None else adapter.length_estimate(texts)
+    counted = engine_token_count(vectors)
+    return counted if counted is not None else length_estimate(texts)

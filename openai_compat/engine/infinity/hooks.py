@@ -1,7 +1,7 @@
 """What this server installs into infinity-emb's replicas (the optional engine): token counts
 and pre-normalisation norms carried with each embedding, and raw classification logits beside
-its batcher. models/loading.py installs them; for a native engine (native.py), which does both
-itself, each answers from it instead.
+its batcher. engine.InfinityEngine installs and asks them; the native engine (native.py)
+does both itself.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from openai_compat.engine.adapter import attr, is_native, kind_of, multivector
+from openai_compat.engine.infinity.internals import attr, kind_of, multivector
 from openai_compat.engine.usage import TokenCountedArray, TokenIds, features_from_ids, unit_rows
 
 # ---------------------------------------------------------------- classification logits
@@ -32,8 +32,6 @@ class LogitsRunner:
 
     @classmethod
     def for_replica(cls, replica: Any, name: str) -> Any | None:
-        if is_native(replica):  # the native engine batches logits itself
-            return replica if kind_of(replica) == "classifier" else None
         if kind_of(replica) != "classifier":
             return None
         pipe = attr(replica, "_pipe", "SentenceClassifier")
@@ -81,9 +79,6 @@ def count_tokens_in_engine(replica: Any) -> bool:
     thread, keeping each row's norm, so that TEI's `normalize=false` can have the model's own
     output back (see raw_vectors).
     """
-    if is_native(replica):  # counts and norms are the native engine's own
-        text_vectors = kind_of(replica) in ("embedder", "clip", "clap")
-        return text_vectors and not replica.runner.multivector
     if kind_of(replica) != "embedder" or multivector(replica):
         return False
     pre, core, post = replica.encode_pre, replica.encode_core, replica.encode_post
@@ -124,6 +119,4 @@ def count_tokens_in_engine(replica: Any) -> bool:
 
 def accepts_token_ids(replica: Any) -> bool:
     """Whether the engine embeds TokenIds inputs exactly (count_tokens_in_engine installed)."""
-    if is_native(replica):
-        return kind_of(replica) == "embedder"
     return getattr(replica, "openai_compat_token_ids", False) is True

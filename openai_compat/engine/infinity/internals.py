@@ -4,15 +4,15 @@ batching queue and push task, the tokenizers and limits of each replica class.
 Everything the server needs beyond infinity-emb's public API is read here (and in the hooks
 it installs, hooks.py). When a release moves an attribute, `contract_problems` names it and
 loading fails loudly instead of degrading silently; tests/test_engine_contract.py runs the
-same checks against the installed release. engine/adapter.py sends its questions here for
-infinity-emb's engines, and answers the native engine's itself.
+same checks against the installed release. engine.InfinityEngine answers the server's
+questions (engine/contract.py) from here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-Kind = Literal["embedder", "sparse", "crossencoder", "classifier", "clip", "clap", "other"]
+from openai_compat.engine.contract import Kind
 
 # Class names of infinity-emb's torch replicas -> what kind of model they hold.
 _KINDS: dict[str, Kind] = {
@@ -104,7 +104,7 @@ def torch_modules(engine: Any) -> list[Any]:
 
 
 def applied_max_length(replica: Any) -> Any:
-    """The limit the replica truncates at, unchecked (adapter.applied_max_length checks it)."""
+    """The limit the replica truncates at, unchecked (InfinityEngine.max_length checks it)."""
     kind = kind_of(replica)
     if kind == "embedder":
         return replica.max_seq_length

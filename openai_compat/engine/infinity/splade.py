@@ -1,7 +1,7 @@
 """SPLADE sparse vectors from a masked-LM model folder, served inside infinity-emb's batching.
 
 An embedder replica's forward and post-processing steps are swapped (serve_sparse); it reads
-infinity-emb's internals through engine/adapter.py's helpers and owns nothing else. The
+infinity-emb's internals through internals.py's helpers and owns nothing else. The
 vectors themselves (SparseVector, top_k, encodings) are openai_compat/formats/sparse.py.
 """
 
@@ -11,7 +11,7 @@ import weakref
 from typing import Any
 
 from openai_compat.engine import folders
-from openai_compat.engine.adapter import attr, kind_of, multivector
+from openai_compat.engine.infinity.internals import attr, kind_of, multivector
 
 # Logits one forward chunk may hold (rows x tokens x vocabulary): 64 M floats = 256 MB.
 _SPARSE_LOGITS_BUDGET = 64 * 1024 * 1024
