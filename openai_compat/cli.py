@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from openai_compat import __version__, cpus, logs
-from openai_compat.config import build_settings, cli_fields, env_name
+from openai_compat import __version__
 from openai_compat.engine.build import engine_package, runs_natively
-from openai_compat.settings import ConfigError, Settings
+from openai_compat.frame.config import build_settings, cli_fields, env_name
+from openai_compat.frame.settings import ConfigError, Settings
+from openai_compat.ground import cpus, logs
 
 
 def _flag(name: str) -> str:
@@ -149,10 +150,10 @@ def serve(settings: Settings) -> int:
         name="model-load-import",
         daemon=True,
     ).start()
-    from openai_compat.app import create_app
-    from openai_compat.lifecycle import loaders_running
-    from openai_compat.server import DrainingServer, PortInUse, bind
+    from openai_compat.ground.lifecycle import loaders_running
     from openai_compat.tenants.keys import KeysFileError
+    from openai_compat.web.app import create_app
+    from openai_compat.web.server import DrainingServer, PortInUse, bind
 
     logs.configure(settings.log_level, settings.log_format)
     try:
@@ -228,8 +229,8 @@ def download(settings: Settings) -> int:
 
 def _native_export(model: Any, settings: Settings) -> Path:
     """Load a native model served on an export: made (and measured) if not cached yet."""
-    from openai_compat import cpus
     from openai_compat.engine import native
+    from openai_compat.ground import cpus
 
     engine = native.load(model, cpus.engine_threads(), settings.exports())
     folder = engine.runner.exported

@@ -241,7 +241,7 @@ ENGINES = {
     "native-engine": """
 def build():
     from openai_compat.models.loading import create_engine
-    from openai_compat.settings import ModelConfig
+    from openai_compat.frame.settings import ModelConfig
     return create_engine(ModelConfig(model="builtin:all-MiniLM-L6-v2", device="cpu"))
 """,
     "infinity-engine": """

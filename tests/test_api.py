@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from openai_compat.formats.encoding import decode_base64_embedding
-from openai_compat.settings import ModelConfig, Settings
+from openai_compat.frame.settings import ModelConfig, Settings
 from tests.utils import app_client
 
 

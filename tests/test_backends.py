@@ -119,7 +119,7 @@ def test_a_second_load_finds_the_cache(export_dir: Path, downloaded: list[Path])
     """Loading a model again (another replica, a restart) serves the export on disk: nothing
     is written, and the runtime runs the cached graph."""
     from openai_compat.engine import native
-    from openai_compat.settings import ModelConfig
+    from openai_compat.frame.settings import ModelConfig
 
     before = {f: f.stat().st_mtime_ns for f in downloaded}
     for name, (engine, quantize) in EXPORTED.items():
@@ -209,7 +209,7 @@ async def test_exported_models_load_lazily_and_reload_from_the_cache(
     """An ONNX and an OpenVINO model served lazily (docs/models.md): the first request loads
     each from the export cache, an unload frees it, and loading again reuses the same export
     files (nothing exported again) and answers the same vectors."""
-    from openai_compat.settings import ModelConfig, Settings
+    from openai_compat.frame.settings import ModelConfig, Settings
     from tests.utils import app_client
 
     admin = {"Authorization": "Bearer k"}
@@ -242,9 +242,9 @@ def test_a_backend_without_its_extra_names_ours(
     """A backend without its runtime names our extra, not the library's packages."""
     import importlib.util
 
+    from openai_compat.frame.settings import ModelConfig
     from openai_compat.models import loading
     from openai_compat.models.registry import EngineFailure
-    from openai_compat.settings import ModelConfig
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -20,7 +20,7 @@ from openai_compat.batch import runner as runner_module
 from openai_compat.batch.lines import split_line
 from openai_compat.batch.runner import Gate, Runner
 from openai_compat.batch.store import Store
-from openai_compat.bodies import INLINE_BYTES, BodyParser
+from openai_compat.ground.bodies import INLINE_BYTES, BodyParser
 from tests.test_batch_runner import Clock, embedding_line, errors, output, write_lines
 
 UNAVAILABLE = orjson.dumps(

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from openai_compat.settings import ModelConfig, Settings
+from openai_compat.frame.settings import ModelConfig, Settings
 from tests.utils import app_client
 
 A = {"Authorization": "Bearer key-a"}

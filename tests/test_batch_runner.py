@@ -266,7 +266,7 @@ async def test_a_failed_batch_keeps_the_lines_it_finished(
 
 def test_ray_actors_get_no_api_key() -> None:
     from openai_compat.batch.ray_job import _actor_settings
-    from openai_compat.settings import Settings
+    from openai_compat.frame.settings import Settings
 
     shipped = _actor_settings(Settings(api_key=("top-secret",)))
     assert "top-secret" not in shipped
@@ -277,8 +277,8 @@ async def test_lines_larger_together_than_admission_never_livelock(tmp_path: Pat
     """A 1-input line beside a 150-input one under an admission limit of 100: the waves are
     cut so admission can take each whole; refused lines are sent again alone, and a line
     that finished is never sent twice."""
+    from openai_compat.frame.settings import ModelConfig
     from openai_compat.models.registry import ModelEntry
-    from openai_compat.settings import ModelConfig
 
     store = Store(tmp_path / "data")
     sizes = [1, 150, 2, 3, 120, 1]
@@ -597,8 +597,8 @@ async def test_the_service_enforces_the_line_timeout_through_asgi() -> None:
     import httpx
 
     from openai_compat.batch.service import BatchService
-    from openai_compat.lifecycle import Lifecycle
-    from openai_compat.settings import Settings
+    from openai_compat.frame.settings import Settings
+    from openai_compat.ground.lifecycle import Lifecycle
 
     async def hanging_app(scope: Any, receive: Any, send: Any) -> None:
         await asyncio.Event().wait()
@@ -616,7 +616,7 @@ async def test_the_service_enforces_the_line_timeout_through_asgi() -> None:
 
 def test_the_ray_job_reads_lines_as_the_local_run_does() -> None:
     from openai_compat.batch.ray_job import job_problem, split_lines
-    from openai_compat.settings import Settings
+    from openai_compat.frame.settings import Settings
 
     data = b'{"a": 1}\n\n  \n\xff bad\rutf-8\r\n{"b": 2}'
     rows = split_lines({"bytes": data})

@@ -12,7 +12,7 @@ import pytest
 
 from openai_compat.batch import service as service_module
 from openai_compat.batch.store import Store
-from openai_compat.settings import ModelConfig, Settings
+from openai_compat.frame.settings import ModelConfig, Settings
 from tests.utils import app_client
 
 
@@ -116,7 +116,7 @@ def test_threads_opening_the_store_at_once_share_one(
     from concurrent.futures import ThreadPoolExecutor
 
     from openai_compat.batch.service import BatchService
-    from openai_compat.lifecycle import Lifecycle
+    from openai_compat.ground.lifecycle import Lifecycle
 
     real_init = Store.__init__
 

@@ -12,14 +12,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 
-from openai_compat import bodies
 from openai_compat.api.infinity.protocol import InfinityClassifyRequest
+from openai_compat.api.protocol import EmbeddingRequest
 from openai_compat.api.shared import chooser
 from openai_compat.api.tutorial.protocol import TutorialClassifyRequest
-from openai_compat.bodies import BodyParser
-from openai_compat.errors import validation_message
-from openai_compat.fastpath import fast_path_table
-from openai_compat.protocol import EmbeddingRequest
+from openai_compat.ground import bodies
+from openai_compat.ground.bodies import BodyParser
+from openai_compat.ground.errors import validation_message
+from openai_compat.web.fastpath import fast_path_table
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from openai_compat.engine.usage import TokenCountedArray, TokenIds
+from openai_compat.frame.settings import ModelConfig, Settings
 from openai_compat.models.cache import EmbeddingCache
-from openai_compat.settings import ModelConfig, Settings
 from tests.utils import app_client
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from openai_compat.formats.compact import CALIBRATION_TEXTS
+from openai_compat.frame.settings import ModelConfig
 from openai_compat.models.calibration import calibrate, calibration_file
-from openai_compat.settings import ModelConfig
 
 
 class Engine:

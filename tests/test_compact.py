@@ -7,8 +7,8 @@ import base64
 import numpy as np
 import pytest
 
-from openai_compat.errors import BadRequest
 from openai_compat.formats.compact import Quantizer, check_types, encode, to_int8
+from openai_compat.ground.errors import BadRequest
 
 
 def _unit_rows(n: int, d: int, seed: int = 0) -> np.ndarray:

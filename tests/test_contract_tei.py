@@ -19,7 +19,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from openai_compat.settings import ModelConfig, Settings
+from openai_compat.frame.settings import ModelConfig, Settings
 from tests.contract import Contract
 from tests.utils import RemoteServer, app_client
 

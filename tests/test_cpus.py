@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from openai_compat import cpus
+from openai_compat.ground import cpus
 from tests.utils import RemoteServer
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from openai_compat.batch.store import Store, StoreBusy
-from openai_compat.settings import Settings
+from openai_compat.frame.settings import Settings
 
 
 def test_the_default_data_dir_is_per_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,10 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from openai_compat import model_config
-from openai_compat.engine import build, infinity
-from openai_compat.engine import native
+from openai_compat.engine import build, infinity, native
 from openai_compat.engine.debug import DebugRunner
+from openai_compat.frame import model_config
 from tests.utils import record_batches
 
 TEXTS = ["abc", "hello", "", "a longer sentence of some words", *(f"t{i}" * i for i in range(20))]

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from openai_compat.server import SHUTDOWN_MARGIN
+from openai_compat.web.server import SHUTDOWN_MARGIN
 from tests.utils import SERVER_ENV, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -67,7 +67,7 @@ def test_slug_follows_github() -> None:
 def test_the_configuration_page_names_every_option() -> None:
     """docs/configuration.md says it lists every option: each of serve's flags and its
     environment variable is there (15 were missing, the admin key among them)."""
-    from openai_compat.config import cli_fields, env_name
+    from openai_compat.frame.config import cli_fields, env_name
 
     page = (ROOT / "docs" / "configuration.md").read_text()
     missing = [

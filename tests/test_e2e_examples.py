@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from openai_compat.frame.settings import ModelConfig, Settings
 from openai_compat.models import demo as demo_models
-from openai_compat.settings import ModelConfig, Settings
 from openai_compat.tenants.keys import parse as parse_keys
 from tests import families
 from tests.fixtures.hub_cache import seed

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from openai_compat.server import SHUTDOWN_MARGIN
+from openai_compat.web.server import SHUTDOWN_MARGIN
 from tests.utils import RemoteServer
 
 pytestmark = pytest.mark.slow

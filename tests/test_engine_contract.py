@@ -154,6 +154,4 @@ def test_the_engine_counts_tokens_where_it_can(engines: dict[str, Any], kind: st
     # [CLS] hello world [SEP]; the long one truncated at 256; "" is [CLS] [SEP]
     assert [v.tokens for v in vectors] == [4, 256, 2]
     assert engine_token_count(vectors) == 262
-    assert (
-        engine_token_count([*vectors, vectors[0].view(type(vectors[0]).__base__)]) is None
-    )
+    assert engine_token_count([*vectors, vectors[0].view(type(vectors[0]).__base__)]) is None

@@ -3,7 +3,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from openai_compat.errors import (
+from openai_compat.ground.errors import (
     BadRequest,
     ModelNotFound,
     RateLimited,

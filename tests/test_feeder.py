@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from openai_compat.engine.usage import TokenCountedArray
 from openai_compat.engine.infinity import feeder as feeder_module
 from openai_compat.engine.infinity.feeder import Feeder
-from openai_compat.errors import ServiceUnavailable
+from openai_compat.engine.usage import TokenCountedArray
+from openai_compat.ground.errors import ServiceUnavailable
 
 
 class ScriptedEngine:
@@ -498,7 +498,7 @@ class ShortEngine(ScriptedEngine):
 
 
 async def test_an_engine_answering_the_wrong_count_fails_its_callers_and_frees_the_wave() -> None:
-    from openai_compat.errors import ModelOutputError
+    from openai_compat.ground.errors import ModelOutputError
 
     engine = ShortEngine()
     feeder = Feeder(engine, batch_size=4)

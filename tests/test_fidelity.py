@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from openai_compat import cpus
 from openai_compat.engine import backends, fidelity, int8
+from openai_compat.ground import cpus
 
 
 class FakeModel:

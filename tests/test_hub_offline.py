@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from openai_compat.frame.settings import ModelConfig
 from openai_compat.models import loading
 from openai_compat.models.registry import EngineFailure
-from openai_compat.settings import ModelConfig
 
 
 @pytest.fixture

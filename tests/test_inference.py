@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from openai_compat.engine.infinity.hooks import LogitsRunner
-from openai_compat.errors import BadRequest, ModelOutputError, RateLimited
 from openai_compat.formats.encoding import embedding_payload
 from openai_compat.formats.token_ids import Cl100kDecoder
 from openai_compat.formats.tokens import TokenCounter
+from openai_compat.frame.settings import ModelConfig, Settings
+from openai_compat.ground.errors import BadRequest, ModelOutputError, RateLimited
 from openai_compat.inference import embed as inference
 from openai_compat.inference import scoring
 from openai_compat.models.registry import ModelEntry
-from openai_compat.settings import ModelConfig, Settings
 
 
 class FakeEngine:
@@ -206,7 +206,7 @@ async def test_the_job_sees_only_live_engine_work_as_live() -> None:
     uploading or downloading (no model admitted it) does not, nor do the job's own lines."""
     from openai_compat.batch.service import BatchService
     from openai_compat.engine.priority import background
-    from openai_compat.lifecycle import Lifecycle
+    from openai_compat.ground.lifecycle import Lifecycle
     from openai_compat.models.registry import Registry
 
     entry = _entry(FakeEngine(gate=asyncio.Event()))

@@ -114,7 +114,7 @@ async def test_wave_batching_puts_the_feeder_in_front_of_infinity_emb(waves: boo
     """wave_batching (infinity-emb's engines only): our feeder gathers requests into waves in
     front of infinity-emb's queue; without it, requests go to that queue directly. Either way
     the answers are the engine's."""
-    from openai_compat.settings import ModelConfig, Settings
+    from openai_compat.frame.settings import ModelConfig, Settings
     from tests.utils import app_client
 
     config = ModelConfig(

@@ -70,8 +70,8 @@ def test_the_deployment_matches_the_image() -> None:
     # HF_HOME (hub downloads, exports) is written: a volume, or "Read-only file system"
     assert {"/tmp", "/models"} <= mounts and "HF_HOME=/models" in dockerfile
     # the drain fits the grace period: --graceful-timeout (30 s) plus the shutdown margin
-    from openai_compat.server import SHUTDOWN_MARGIN
-    from openai_compat.settings import Settings
+    from openai_compat.frame.settings import Settings
+    from openai_compat.web.server import SHUTDOWN_MARGIN
 
     drain = Settings().graceful_timeout + SHUTDOWN_MARGIN
     assert pod["terminationGracePeriodSeconds"] > drain
@@ -91,7 +91,7 @@ def test_the_batch_api_lives_on_one_pod_with_a_persistent_volume() -> None:
     api, service, _, _, claim, batch, batch_service, ingress = _objects("openai-compat.yaml")
     (api_container,) = api["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in api_container["env"]}
-    from openai_compat.config import env_name
+    from openai_compat.frame.config import env_name
 
     assert env[env_name("batch_api")] == "0"
     assert api["spec"]["replicas"] > 1 and batch["spec"]["replicas"] == 1
@@ -108,7 +108,7 @@ def test_the_batch_api_lives_on_one_pod_with_a_persistent_volume() -> None:
         for rule in ingress["spec"]["rules"]
         for p in rule["http"]["paths"]
     }
-    from openai_compat.middleware import BATCH_PREFIXES
+    from openai_compat.web.middleware import BATCH_PREFIXES
 
     assert {routes[prefix] for prefix in BATCH_PREFIXES} == {batch_service["metadata"]["name"]}
     assert routes["/"] == service["metadata"]["name"]
@@ -119,7 +119,7 @@ def test_the_autoscaler_scales_on_a_metric_the_server_exports() -> None:
     (metric,) = autoscaler["spec"]["metrics"]
     name = metric["pods"]["metric"]["name"]
     # the collector's families (tests/test_e2e_reliability.py reads this one off /metrics)
-    assert f'"{name}"' in (ROOT / "openai_compat" / "metrics.py").read_text()
+    assert f'"{name}"' in (ROOT / "openai_compat" / "models" / "metrics.py").read_text()
 
 
 # KubeRay's RayService (ray.io/v1), the fields this manifest uses, as its CRD defines them:

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from openai_compat.engine import late
+from openai_compat.frame.settings import ModelConfig
 from openai_compat.models.loading import unload_entry
 from openai_compat.models.registry import ModelEntry
-from openai_compat.settings import ModelConfig
 
 
 class _Engine:

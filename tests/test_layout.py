@@ -76,8 +76,34 @@ def test_the_cycle_finder_finds_one() -> None:
 
 def test_settings_is_the_ground_floor() -> None:
     graph = _imports()
-    assert graph["openai_compat.model_config"] == set()
-    assert graph["openai_compat.settings"] == {"openai_compat.model_config"}
+    assert graph["openai_compat.frame.model_config"] == set()
+    assert graph["openai_compat.frame.settings"] == {"openai_compat.frame.model_config"}
+
+
+def test_the_package_root_holds_few_modules() -> None:
+    """The root keeps the entry points; everything else lives in a folder that says what it
+    is (frame, ground, web and the floors)."""
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert root == ["__init__.py", "__main__.py", "cli.py"]
+
+
+def test_only_engine_infinity_names_infinity_emb() -> None:
+    """infinity-emb is optional and lives behind engine/contract.py's Engine: no module
+    outside engine/infinity/ imports it, names it, or asks which engine it holds."""
+    texts = {name: path.read_text(encoding="utf-8") for name, path in _modules().items()}
+    found = {
+        name
+        for name, text in texts.items()
+        if ("infinity_emb" in text and not name.startswith("openai_compat.engine.infinity"))
+        or ("InfinityEngine" in text and not name.startswith("openai_compat.engine"))
+    }
+    assert found == set()
+    asking = {  # isinstance(x, NativeEngine) and the like
+        name
+        for name, text in texts.items()
+        if not name.startswith("openai_compat.engine") and "NativeEngine)" in text
+    }
+    assert asking == set()
 
 
 def test_no_module_is_too_long_to_read() -> None:
@@ -90,14 +116,16 @@ def test_no_module_is_too_long_to_read() -> None:
 
 
 # The floors of ARCHITECTURE.md, lowest first: a module imports only from its own floor or
-# those below. The ground is the frame's leaf modules; tenants/ stands beside every floor.
+# those below. The ground is frame/ (settings) and ground/ (errors, logs, CPUs, lifecycle,
+# bodies); web/ (the HTTP shell) is the top; tenants/, batch/ and ray_serve/ stand beside.
 FLOORS = [
-    {"settings", "model_config", "errors", "lifecycle", "cpus", "logs"},
+    {"frame", "ground"},
     {"formats"},
     {"engine"},
     {"models"},
     {"inference"},
     {"api"},
+    {"web"},
 ]
 
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from openai_compat.errors import BadRequest
 from openai_compat.formats import media
 from openai_compat.formats.addresses import RefusedAddress, is_public_address
 from openai_compat.formats.media import MediaFetcher
 from openai_compat.formats.media_client import GuardedResolver
+from openai_compat.ground.errors import BadRequest
 from tests.media_samples import data_uri, png, wav
 
 
@@ -324,8 +324,8 @@ def test_a_server_that_fetches_no_url_never_imports_aiohttp() -> None:
 
     probe = (
         "import sys\n"
-        "from openai_compat.app import create_app\n"
-        "from openai_compat.config import build_settings\n"
+        "from openai_compat.web.app import create_app\n"
+        "from openai_compat.frame.config import build_settings\n"
         "create_app(build_settings({}, {}))\n"
         "print('aiohttp' in sys.modules)\n"
     )

@@ -25,7 +25,7 @@ if int(st.__version__.split(".")[0]) < 6:
 
 from openai_compat.engine import classes, native  # noqa: E402
 from openai_compat.engine.usage import TokenIds  # noqa: E402
-from openai_compat.model_config import ModelConfig  # noqa: E402
+from openai_compat.frame.model_config import ModelConfig  # noqa: E402
 from tests import families  # noqa: E402
 from tests.utils import RemoteServer, run_batch  # noqa: E402
 

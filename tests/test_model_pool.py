@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from openai_compat.frame.settings import ModelConfig, Settings
 from openai_compat.models import loading
-from openai_compat.settings import ModelConfig, Settings
 from tests.utils import app_client
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
@@ -304,8 +304,8 @@ async def test_admin_routes_need_the_admin_key_and_are_off_without_one() -> None
 
 
 def test_more_eager_models_than_may_be_loaded_is_refused_at_start() -> None:
-    from openai_compat.app import create_app
-    from openai_compat.settings import ConfigError
+    from openai_compat.frame.settings import ConfigError
+    from openai_compat.web.app import create_app
 
     with pytest.raises(ConfigError, match="2 models load eagerly but --max-loaded-models is 1"):
         create_app(_settings(_debug("a"), _debug("b"), max_loaded_models=1))
@@ -445,7 +445,7 @@ async def test_a_request_whose_own_models_leave_no_room_gets_503_at_once() -> No
     """A request holding "a" that also needs "b" under --max-loaded-models 1 can never be
     served (its own lease keeps "a"): a 503 that says so at once, not after the load
     timeout with every other load waiting behind it."""
-    from openai_compat.errors import ServiceUnavailable
+    from openai_compat.ground.errors import ServiceUnavailable
     from openai_compat.models.slots import request_leases
 
     settings = _settings(

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from openai_compat.frame.settings import ModelConfig, Settings
 from openai_compat.models.loading import check_options, create_engine
 from openai_compat.models.registry import EngineFailure
-from openai_compat.settings import ModelConfig, Settings
 from tests.utils import ROOT, app_client
 
 HERE = "tests/test_model_settings.py"

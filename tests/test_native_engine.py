@@ -28,7 +28,7 @@ if int(st.__version__.split(".")[0]) < 6:
 
 from openai_compat.engine import native  # noqa: E402
 from openai_compat.engine.usage import TokenIds  # noqa: E402
-from openai_compat.model_config import ModelConfig  # noqa: E402
+from openai_compat.frame.model_config import ModelConfig  # noqa: E402
 from tests.utils import RemoteServer, record_batches  # noqa: E402
 
 TEXTS = [

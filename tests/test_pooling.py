@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from openai_compat.engine.pooling import apply_pooling
-from openai_compat.settings import ModelConfig, Settings
+from openai_compat.frame.settings import ModelConfig, Settings
 from tests.utils import app_client
 
 TEXTS = ["A man is eating food.", "The stock market crashed today."]

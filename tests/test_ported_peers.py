@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from openai_compat.settings import ModelConfig, Settings
+from openai_compat.frame.settings import ModelConfig, Settings
 from tests.utils import app_client
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

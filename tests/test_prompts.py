@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from openai_compat.errors import BadRequest
 from openai_compat.formats.prompts import Prompts
-from openai_compat.settings import ModelConfig
+from openai_compat.frame.settings import ModelConfig
+from openai_compat.ground.errors import BadRequest
 
 E5 = Prompts({"query": "query: ", "passage": "passage: "})
 NOMIC = Prompts({"search_query": "search_query: ", "search_document": "search_document: "})

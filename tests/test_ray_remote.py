@@ -18,8 +18,8 @@ import pytest
 import pytest_asyncio
 
 from openai_compat.engine.usage import TokenCountedArray
-from openai_compat.errors import ServiceUnavailable
 from openai_compat.formats.sparse import SparseVector
+from openai_compat.ground.errors import ServiceUnavailable
 from openai_compat.ray_serve.remote import RemoteEngine, pack, unpack
 from tests.utils import assert_same_answer, strip_volatile
 
@@ -158,9 +158,9 @@ async def clients(
     on the same models."""
     from asgi_lifespan import LifespanManager
 
+    from openai_compat.frame.settings import ModelConfig, Settings
     from openai_compat.ray_serve.batch import BatchServer
     from openai_compat.ray_serve.deployments import Ingress, ModelServer
-    from openai_compat.settings import ModelConfig, Settings
     from tests.utils import app_client
 
     settings = Settings(
@@ -342,9 +342,9 @@ async def test_the_batch_api_runs_on_the_batch_server(
 async def test_batch_server_limits_and_failures_reach_the_client(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient, list[PickledHandle]],
 ) -> None:
-    from openai_compat.app import create_app
+    from openai_compat.frame.settings import Settings
     from openai_compat.ray_serve.batch import with_batch_api
-    from openai_compat.settings import Settings
+    from openai_compat.web.app import create_app
 
     remote, _, _ = clients
     big = b'{"custom_id": "x"}\n' * 5000  # 95 KB, over batch_max_file_bytes (64 KiB)
@@ -365,9 +365,9 @@ async def test_batch_server_limits_and_failures_reach_the_client(
 
 def test_the_batch_server_is_one_replica_pinned_to_the_head_by_default(tmp_path: Path) -> None:
     """[ray_batch]: resources only; replicas or autoscaling would split the data dir's owner."""
-    from openai_compat.config import build_settings
-    from openai_compat.model_config import ConfigError
-    from openai_compat.settings import Settings
+    from openai_compat.frame.config import build_settings
+    from openai_compat.frame.model_config import ConfigError
+    from openai_compat.frame.settings import Settings
 
     default = Settings().ray_batch
     assert default.num_replicas == 1 and default.autoscaling_config is None

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from openai_compat.errors import BadRequest, ModelNotFound
+from openai_compat.frame.settings import ConfigError, ModelConfig
+from openai_compat.ground.errors import BadRequest, ModelNotFound
 from openai_compat.models.registry import ModelEntry, Registry
-from openai_compat.settings import ConfigError, ModelConfig
 
 
 class _Engine:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from openai_compat.settings import ModelConfig, Settings
+from openai_compat.frame.settings import ModelConfig, Settings
 from tests.utils import app_client
 
 pytestmark = pytest.mark.slow

@@ -246,7 +246,7 @@ async def test_stopping_fails_what_is_queued_and_refuses_new_work() -> None:
 
 
 def test_a_request_that_meets_a_stopped_engine_gets_a_503_to_retry() -> None:
-    from openai_compat.errors import ServiceUnavailable
+    from openai_compat.ground.errors import ServiceUnavailable
     from openai_compat.inference.embed import engine_errors
 
     with pytest.raises(ServiceUnavailable) as caught, engine_errors():

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from openai_compat.cli import build_parser
-from openai_compat.config import build_settings
-from openai_compat.settings import (
+from openai_compat.frame.config import build_settings
+from openai_compat.frame.settings import (
     ConfigError,
     ModelConfig,
     Settings,

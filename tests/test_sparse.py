@@ -7,13 +7,13 @@ import base64
 import numpy as np
 import pytest
 
-from openai_compat.errors import BadRequest
 from openai_compat.formats.sparse import (
     SparseVector,
     check_options,
     decode_base64,
     embedding_object,
 )
+from openai_compat.ground.errors import BadRequest
 
 
 def _vec(pairs: dict[int, float]) -> SparseVector:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from openai_compat.errors import RateLimited
+from openai_compat.ground.errors import RateLimited
 from openai_compat.tenants import Tenants
 from openai_compat.tenants.keys import API_KEY_NAME, Key, KeyRing, KeysFileError, parse
 from openai_compat.tenants.limits import Limiter, duration
@@ -221,8 +221,8 @@ def test_a_changed_limit_keeps_what_was_used() -> None:
 def test_a_key_past_its_share_of_a_models_queue_gets_429_while_others_are_admitted() -> None:
     from contextlib import ExitStack
 
+    from openai_compat.frame.settings import ModelConfig
     from openai_compat.models.registry import ModelEntry
-    from openai_compat.settings import ModelConfig
     from openai_compat.tenants.limits import Caller, current
 
     entry = ModelEntry(

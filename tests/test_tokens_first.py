@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from openai_compat.errors import RateLimited
 from openai_compat.formats.tokens import TokenCounter
+from openai_compat.frame.settings import ModelConfig, Settings
+from openai_compat.ground.errors import RateLimited
 from openai_compat.inference import media, scoring
 from openai_compat.models.registry import ModelEntry
-from openai_compat.settings import ModelConfig, Settings
 from openai_compat.tenants.keys import Key
 from openai_compat.tenants.limits import Caller, Limiter, current
 

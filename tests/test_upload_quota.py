@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from openai_compat.settings import ModelConfig, Settings
+from openai_compat.frame.settings import ModelConfig, Settings
 from tests.test_e2e_uploads import BOUNDARY, _leftovers, _lines, _multipart
 from tests.utils import app_client
 

@@ -190,7 +190,7 @@ async def app_client(settings: Any) -> AsyncIterator[httpx.AsyncClient]:
 
     from asgi_lifespan import LifespanManager
 
-    from openai_compat.app import create_app
+    from openai_compat.web.app import create_app
 
     app = create_app(settings)
     async with LifespanManager(app, startup_timeout=120) as manager:

@@ -11,13 +11,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from openai_compat.api.protocol import ERROR_RESPONSES
 from openai_compat.api.request import ready_registry
-from openai_compat.errors import BadRequest
 from openai_compat.formats.encoding import orjson_response
+from openai_compat.ground.errors import BadRequest
 from openai_compat.models import memory
 from openai_compat.models.pool import ModelPool
 from openai_compat.models.registry import Registry
-from openai_compat.protocol import ERROR_RESPONSES
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from openai_compat.errors import BadRequest
+from openai_compat.ground.errors import BadRequest
 from openai_compat.inference.page_rerank import Document
 from openai_compat.models.registry import ModelEntry
 

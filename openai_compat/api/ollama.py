@@ -19,14 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from starlette.responses import Response
 
 from openai_compat import __version__
+from openai_compat.api.protocol import error_responses
 from openai_compat.api.request import body_openapi, note, read_body, ready_registry, settings_of
 from openai_compat.engine import folders
-from openai_compat.errors import BadRequest, InputTooLong, ModelNotFound
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
+from openai_compat.frame.model_config import KeepAlive
+from openai_compat.ground.errors import BadRequest, InputTooLong, ModelNotFound
 from openai_compat.inference.plan import EmbedPlan, run
-from openai_compat.model_config import KeepAlive
 from openai_compat.models.registry import ModelEntry, Registry
-from openai_compat.protocol import error_responses
 
 router = APIRouter(prefix="/api", tags=["ollama"])
 # The Ollama release whose API this follows (its /api/version; clients check it is recent).

@@ -7,12 +7,12 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from openai_compat.errors import ServiceUnavailable, api_error_response
+from openai_compat.api.protocol import ERROR_RESPONSES, HealthResponse, ReadyResponse
 from openai_compat.formats.encoding import orjson_response
-from openai_compat.lifecycle import Lifecycle
-from openai_compat.metrics import CONTENT_TYPE, Metrics
+from openai_compat.ground.errors import ServiceUnavailable, api_error_response
+from openai_compat.ground.lifecycle import Lifecycle
+from openai_compat.models.metrics import CONTENT_TYPE, Metrics
 from openai_compat.models.registry import Registry
-from openai_compat.protocol import ERROR_RESPONSES, HealthResponse, ReadyResponse
 
 router = APIRouter(tags=["health"])
 

@@ -14,13 +14,13 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel
 
-from openai_compat.bodies import BodyParser, Chooser
-from openai_compat.errors import ServiceUnavailable
 from openai_compat.formats.media import MediaFetcher
-from openai_compat.lifecycle import Lifecycle
+from openai_compat.frame.settings import Settings
+from openai_compat.ground.bodies import BodyParser, Chooser
+from openai_compat.ground.errors import ServiceUnavailable
+from openai_compat.ground.lifecycle import Lifecycle
 from openai_compat.models.registry import Registry
 from openai_compat.models.slots import set_keep_alive
-from openai_compat.settings import Settings
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -26,6 +26,7 @@ from openai_compat.api.infinity.protocol import (
     InfinityRerankRequest,
 )
 from openai_compat.api.infinity.routes import infinity_classify, infinity_rerank
+from openai_compat.api.protocol import ERROR_RESPONSES
 from openai_compat.api.request import body_openapi, read_body
 from openai_compat.api.tei.protocol import (
     TEI_ERROR_RESPONSES,
@@ -41,9 +42,8 @@ from openai_compat.api.tutorial.protocol import (
     TutorialRerankRequest,
 )
 from openai_compat.api.vllm import VllmTokenizeRequest, vllm_tokenize
-from openai_compat.bodies import Chooser
-from openai_compat.errors import SHARED_KEYS, BadRequest, ErrorFamily, set_family
-from openai_compat.protocol import ERROR_RESPONSES
+from openai_compat.ground.bodies import Chooser
+from openai_compat.ground.errors import SHARED_KEYS, BadRequest, ErrorFamily, set_family
 
 # path -> (the key that marks a dialect, the dialect, its request model), first match wins.
 SHARED_PATHS: dict[str, tuple[tuple[str, str, type[BaseModel]], ...]] = {

@@ -6,11 +6,11 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 from starlette.responses import Response
 
+from openai_compat.api.protocol import ERROR_RESPONSES
 from openai_compat.api.request import body_openapi, read_body, ready_registry, settings_of
 from openai_compat.formats.encoding import orjson_response
 from openai_compat.inference.embed import detokenize_ids, tokenize_texts
 from openai_compat.models.registry import ModelEntry
-from openai_compat.protocol import ERROR_RESPONSES
 
 router = APIRouter(tags=["tokenize"])
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from openai_compat.settings import Settings
+from openai_compat.frame.settings import Settings
 
 FINAL = ("completed", "failed", "cancelled", "expired")
 INPUT_ID = "file-cli-input"
@@ -54,10 +54,10 @@ def run(settings: Settings, source: Path, output: Path, endpoint: str, force: bo
 
 
 async def _run(settings: Settings, source: Path, output: Path, endpoint: str) -> str:
-    from openai_compat.app import create_app
     from openai_compat.batch.lines import ENDPOINTS
     from openai_compat.batch.service import BatchService
     from openai_compat.engine import infinity
+    from openai_compat.web.app import create_app
 
     if endpoint not in ENDPOINTS:
         raise SystemExit(f"openai-compat batch: endpoint must be one of {', '.join(ENDPOINTS)}")

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from openai_compat.batch.store import new_id
-from openai_compat.bodies import INLINE_BYTES
+from openai_compat.ground.bodies import INLINE_BYTES
 from openai_compat.tenants.limits import TOO_LARGE
 
 logger = logging.getLogger("openai_compat.batch")

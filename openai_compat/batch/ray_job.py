@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from openai_compat.settings import Settings
+from openai_compat.frame.settings import Settings
 
 LINES_PER_CALL = 32  # rows one actor call takes
 CONCURRENT_LINES = 4  # lines an actor has in its engine at once
@@ -36,8 +36,8 @@ class LineWorker:
     def __init__(self, settings_json: str, endpoint: str) -> None:
         import httpx
 
-        from openai_compat import logs
-        from openai_compat.app import create_app
+        from openai_compat.ground import logs
+        from openai_compat.web.app import create_app
 
         settings = Settings.model_validate_json(settings_json)
         # the app's own Batch API store is unused here: keep it out of the real data dir

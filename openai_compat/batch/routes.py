@@ -15,14 +15,14 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 from starlette.responses import FileResponse, Response
 
+from openai_compat.api.protocol import ERROR_RESPONSES
 from openai_compat.api.request import body_openapi, read_body, settings_of
 from openai_compat.batch.lines import ENDPOINTS
 from openai_compat.batch.service import BatchService, batch_object
 from openai_compat.batch.store import Store
 from openai_compat.batch.upload import receive_upload
-from openai_compat.errors import APIError, BadRequest
 from openai_compat.formats.encoding import orjson_response
-from openai_compat.protocol import ERROR_RESPONSES
+from openai_compat.ground.errors import APIError, BadRequest
 from openai_compat.tenants.limits import current as current_caller
 
 router = APIRouter(tags=["batch"])

@@ -17,10 +17,10 @@ from openai_compat.batch.lines import split_line
 from openai_compat.batch.runner import Gate, Runner
 from openai_compat.batch.store import Store, StoreBusy, new_id
 from openai_compat.engine.priority import background
-from openai_compat.errors import RateLimited, ServiceUnavailable
-from openai_compat.lifecycle import Lifecycle
+from openai_compat.frame.settings import Settings
+from openai_compat.ground.errors import RateLimited, ServiceUnavailable
+from openai_compat.ground.lifecycle import Lifecycle
 from openai_compat.models.registry import Registry
-from openai_compat.settings import Settings
 from openai_compat.tenants import RUN_AS, Tenants, batch_owner
 
 logger = logging.getLogger("openai_compat.batch")

@@ -21,7 +21,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
 from openai_compat.batch.store import Store
-from openai_compat.errors import BadRequest, InsufficientStorage, PayloadTooLarge
+from openai_compat.ground.errors import BadRequest, InsufficientStorage, PayloadTooLarge
 
 FLUSH_BYTES = 1024 * 1024  # file bytes buffered before a write (in a worker thread)
 MAX_FIELD_BYTES = 1024  # a non-file field (purpose) is a short string

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from openai_compat import cpus
 from openai_compat.engine import infinity, native, pooling
 from openai_compat.engine.contract import Engine
-from openai_compat.model_config import DEBUG_ENGINE, NATIVE, TORCH, ModelConfig
+from openai_compat.frame.model_config import DEBUG_ENGINE, NATIVE, TORCH, ModelConfig
+from openai_compat.ground import cpus
 
 
 class NotInstalled(RuntimeError):

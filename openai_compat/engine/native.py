@@ -34,7 +34,7 @@ from openai_compat.engine.prep import FairPrep
 from openai_compat.engine.priority import in_background, tenant
 from openai_compat.engine.scheduler import EngineStopped, OutputTooLarge, Scheduler
 from openai_compat.engine.text import TextKind, TextRunner
-from openai_compat.model_config import DEBUG_ENGINE
+from openai_compat.frame.model_config import DEBUG_ENGINE
 
 _CAPABILITIES: dict[TextKind, set[str]] = {
     "embedder": {"embed"},
@@ -344,7 +344,7 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
                 f"{kind} model (serve it with backend = 'torch')"
             )
         from openai_compat.engine.exported import serve_exported
-        from openai_compat.settings import default_export_dir
+        from openai_compat.frame.settings import default_export_dir
 
         exported = serve_exported(model, config, export_dir or default_export_dir(), threads)
     elif config.compile:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from openai_compat.errors import BadRequest
+from openai_compat.ground.errors import BadRequest
 
 CompactType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 TYPES: tuple[CompactType, ...] = ("float", "int8", "uint8", "binary", "ubinary", "base64")

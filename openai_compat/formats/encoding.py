@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 from starlette.responses import Response
 
-from openai_compat.errors import ModelOutputError
+from openai_compat.ground.errors import ModelOutputError
 
 EncodingFormat = Literal["float", "base64"]
 

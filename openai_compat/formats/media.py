@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urljoin, urlsplit
 
-from openai_compat.errors import BadRequest
 from openai_compat.formats.addresses import RefusedAddress, canonical_ip, is_public_address
+from openai_compat.ground.errors import BadRequest
 
 if TYPE_CHECKING:
     import aiohttp

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from openai_compat.errors import BadRequest
+from openai_compat.ground.errors import BadRequest
 
 # What clients ask for -> the model prompt names that serve it, in order of preference.
 _SYNONYMS: dict[str, tuple[str, ...]] = {

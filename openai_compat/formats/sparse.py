@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat.errors import BadRequest, ModelOutputError
+from openai_compat.ground.errors import BadRequest, ModelOutputError
 
 
 @dataclass(frozen=True, slots=True)

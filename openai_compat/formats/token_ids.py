@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat.errors import BadRequest
+from openai_compat.ground.errors import BadRequest
 
 # Ids per C call (tolist, tiktoken): a whole 666k-id input held the GIL ~40 ms; a piece ~0.5.
 _PIECE = 16384

@@ -9,8 +9,8 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from openai_compat.errors import InputTooLong
 from openai_compat.formats.token_ids import ModelTokenIdDecoder
+from openai_compat.ground.errors import InputTooLong
 
 # Below this many characters tokenizing inline is cheaper than a hop to a worker thread; above
 # it, tokenizing on the event loop stalls it (the tokenizer releases the GIL and the loop then

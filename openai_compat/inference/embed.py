@@ -16,13 +16,13 @@ import numpy as np
 
 from openai_compat.engine.scheduler import EngineStopped, OutputTooLarge
 from openai_compat.engine.usage import TokenIds, engine_token_count, raw_vectors
-from openai_compat.errors import BadRequest, InputTooLong, ServiceUnavailable
 from openai_compat.formats.encoding import as_matrix
 from openai_compat.formats.prompts import mode_of
 from openai_compat.formats.sparse import check_finite as check_sparse_finite
 from openai_compat.formats.tokens import Names, input_names
+from openai_compat.frame.settings import Settings
+from openai_compat.ground.errors import BadRequest, InputTooLong, ServiceUnavailable
 from openai_compat.models.registry import ModelEntry
-from openai_compat.settings import Settings
 from openai_compat.tenants.limits import counts_first, reserve_tokens
 
 # Token ids beyond this many per request are decoded in a worker thread, off the event loop.

@@ -19,7 +19,6 @@ import numpy as np
 import orjson
 
 from openai_compat.engine.usage import TokenIds
-from openai_compat.errors import BadRequest
 from openai_compat.formats.encoding import (
     EncodingFormat,
     as_matrix,
@@ -27,9 +26,10 @@ from openai_compat.formats.encoding import (
     truncate_dimensions,
 )
 from openai_compat.formats.tokens import Names, TokenCounter
+from openai_compat.frame.settings import Settings
+from openai_compat.ground.errors import BadRequest
 from openai_compat.inference.embed import embed_texts
 from openai_compat.models.registry import ModelEntry
-from openai_compat.settings import Settings
 from openai_compat.tenants.limits import reserve_tokens
 
 Mode = Literal["mean", "chunks"]

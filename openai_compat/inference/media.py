@@ -9,9 +9,9 @@ from typing import Any
 
 from openai_compat.formats.media import IMAGE_META, MediaError, MediaFetcher, Modality
 from openai_compat.formats.tokens import Names, input_names
+from openai_compat.frame.settings import Settings
 from openai_compat.inference.embed import EmbedResult, check_count, engine_errors
 from openai_compat.models.registry import ModelEntry
-from openai_compat.settings import Settings
 from openai_compat.tenants.limits import reserve_tokens
 
 

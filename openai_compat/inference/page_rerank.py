@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from openai_compat.errors import BadRequest
 from openai_compat.formats.media import MediaError, MediaFetcher
 from openai_compat.formats.tokens import field_names
+from openai_compat.frame.settings import Settings
+from openai_compat.ground.errors import BadRequest
 from openai_compat.inference.embed import check_count, embed_texts, engine_errors
 from openai_compat.inference.media import embed_media
 from openai_compat.inference.scoring import RankedDocument, RerankResult, finite_scores
 from openai_compat.models.registry import ModelEntry
-from openai_compat.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ import numpy as np
 
 from openai_compat.engine.scheduler import OutputTooLarge
 from openai_compat.engine.usage import TokenIds
-from openai_compat.errors import BadRequest
 from openai_compat.formats.media import MediaFetcher, Modality
 from openai_compat.formats.tokens import Names, input_names
+from openai_compat.frame.settings import Settings
+from openai_compat.ground.errors import BadRequest
 from openai_compat.inference.embed import (
     EmbedResult,
     check_dimensions,
@@ -42,7 +43,6 @@ from openai_compat.inference.embed import (
 from openai_compat.inference.long_inputs import LongResult, embed_late, embed_long, mean_by_setting
 from openai_compat.inference.media import embed_media
 from openai_compat.models.registry import ModelEntry
-from openai_compat.settings import Settings
 
 LongInput = Literal["error", "truncate", "mean", "chunks", "late"]
 WINDOWED = ("mean", "chunks", "late")

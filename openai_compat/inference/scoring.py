@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat.errors import BadRequest, InputTooLong, ModelOutputError
 from openai_compat.formats.tokens import Names, field_names
+from openai_compat.frame.settings import Settings
+from openai_compat.ground.errors import BadRequest, InputTooLong, ModelOutputError
 from openai_compat.inference.embed import (
     EmbedResult,
     check_count,
@@ -25,7 +26,6 @@ from openai_compat.inference.embed import (
     truncate_for,
 )
 from openai_compat.models.registry import ModelEntry
-from openai_compat.settings import Settings
 from openai_compat.tenants.limits import counts_first, reserve_tokens
 
 # ---------------------------------------------------------------- rerank

@@ -14,7 +14,7 @@ import numpy as np
 
 from openai_compat.engine import backends
 from openai_compat.formats.compact import CALIBRATION_TEXTS, Quantizer
-from openai_compat.settings import ModelConfig
+from openai_compat.frame.settings import ModelConfig
 
 logger = logging.getLogger("openai_compat")
 

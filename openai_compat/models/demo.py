@@ -213,7 +213,7 @@ def write_config(folder: Path) -> Path:
 def build(folder: Path, base: str | None = None) -> Path:
     """Both demo models in `folder` (each made once; kept if there) and their config."""
     if base is None:
-        from openai_compat.settings import builtin_model_path
+        from openai_compat.frame.settings import builtin_model_path
 
         base = builtin_model_path("all-MiniLM-L6-v2")
     from transformers.utils import logging as transformers_logging

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from openai_compat.engine.priority import in_background
-from openai_compat.errors import BadRequest, RateLimited
 from openai_compat.formats.compact import Quantizer
 from openai_compat.formats.prompts import Prompts
 from openai_compat.formats.tokens import TokenCounter
+from openai_compat.frame.settings import ModelConfig
+from openai_compat.ground.errors import BadRequest, RateLimited
 from openai_compat.models.cache import EmbeddingCache
-from openai_compat.settings import ModelConfig
 from openai_compat.tenants.limits import current as current_caller
 from openai_compat.tenants.shares import QueueShares
 

@@ -23,12 +23,12 @@ from openai_compat.engine.usage import engine_token_count, raw_vectors
 from openai_compat.formats.prompts import Prompts
 from openai_compat.formats.token_ids import Cl100kDecoder, ModelTokenIdDecoder
 from openai_compat.formats.tokens import TokenCounter
-from openai_compat.lifecycle import in_daemon_thread
+from openai_compat.frame.settings import ModelConfig, default_export_dir
+from openai_compat.ground.lifecycle import in_daemon_thread
 from openai_compat.models import memory
 from openai_compat.models.calibration import calibrate
 from openai_compat.models.preflight import check_options
 from openai_compat.models.registry import Capability, EngineFailure, ModelEntry, Registry
-from openai_compat.settings import ModelConfig, default_export_dir
 
 logger = logging.getLogger("openai_compat")
 

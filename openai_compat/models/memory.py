@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from openai_compat.settings import ModelConfig
+from openai_compat.frame.settings import ModelConfig
 
 _WEIGHTS = (".safetensors", ".bin", ".onnx", ".pt", ".pth", ".xml", ".h5", ".msgpack")
 

@@ -24,7 +24,8 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from openai_compat.errors import APIError, ServiceUnavailable
+from openai_compat.frame.settings import ModelConfig
+from openai_compat.ground.errors import APIError, ServiceUnavailable
 from openai_compat.models import memory
 from openai_compat.models.slots import (
     FORCED_UNLOAD,
@@ -36,7 +37,6 @@ from openai_compat.models.slots import (
     load_failed,
     refuse_if_own_leases_block,
 )
-from openai_compat.settings import ModelConfig
 
 logger = logging.getLogger("openai_compat")
 

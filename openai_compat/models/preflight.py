@@ -11,8 +11,8 @@ import importlib.util
 from pathlib import Path
 
 from openai_compat.engine.build import runs_natively
+from openai_compat.frame.settings import BUILTIN_PREFIX, ModelConfig
 from openai_compat.models.registry import EngineFailure
-from openai_compat.settings import BUILTIN_PREFIX, ModelConfig
 
 
 def _missing_folder(config: ModelConfig) -> str | None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from openai_compat.errors import (
+from openai_compat.frame.settings import ModelConfig, check_unique_names
+from openai_compat.ground.errors import (
     BadRequest,
     ModelNotFound,
     NotFound,
@@ -14,7 +15,6 @@ from openai_compat.errors import (
 )
 from openai_compat.models.cache import EmbeddingCache
 from openai_compat.models.entry import Capability, ModelEntry, owned_by
-from openai_compat.settings import ModelConfig, check_unique_names
 from openai_compat.tenants.limits import current as current_caller
 
 if TYPE_CHECKING:

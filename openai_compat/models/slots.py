@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from openai_compat.errors import BadRequest, Forbidden, ServiceUnavailable
+from openai_compat.frame.settings import ModelConfig
+from openai_compat.ground.errors import BadRequest, Forbidden, ServiceUnavailable
 from openai_compat.models import memory
-from openai_compat.settings import ModelConfig
 from openai_compat.tenants.limits import current as current_caller
 
 State = Literal["unloaded", "loading", "loaded", "unloading", "failed"]

@@ -10,16 +10,16 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from openai_compat import cpus
 from openai_compat.engine import priority
-from openai_compat.metrics import Metrics
+from openai_compat.frame.settings import RayOptions, Settings
+from openai_compat.ground import cpus
 from openai_compat.models import memory
 from openai_compat.models.loading import ModelLoader, stop_engines
+from openai_compat.models.metrics import Metrics
 from openai_compat.models.registry import ModelEntry, Registry
 from openai_compat.ray_serve.batch import BatchServer, with_batch_api
 from openai_compat.ray_serve.metrics import RayMetricsExport
 from openai_compat.ray_serve.remote import ENTRY_FIELDS, pack, remote_app, worker_start
-from openai_compat.settings import RayOptions, Settings
 
 logger = logging.getLogger("openai_compat")
 

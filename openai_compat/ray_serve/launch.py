@@ -16,8 +16,8 @@ import sys
 import time
 from typing import Any
 
-from openai_compat.config import build_settings
-from openai_compat.settings import Settings
+from openai_compat.frame.config import build_settings
+from openai_compat.frame.settings import Settings
 
 APP_NAME = "openai-compat"
 

@@ -24,17 +24,17 @@ from typing import Any, cast
 
 import numpy as np
 
-from openai_compat import logs
 from openai_compat.engine.build import engine_package
 from openai_compat.engine.priority import in_background
 from openai_compat.engine.usage import TokenCountedArray
-from openai_compat.errors import ServiceUnavailable
 from openai_compat.formats.sparse import SparseVector
 from openai_compat.formats.token_ids import Cl100kDecoder, ModelTokenIdDecoder
 from openai_compat.formats.tokens import TokenCounter
+from openai_compat.frame.settings import ModelConfig, Settings
+from openai_compat.ground import logs
+from openai_compat.ground.errors import ServiceUnavailable
 from openai_compat.models.registry import ModelEntry, Registry
 from openai_compat.ray_serve.metrics import RayMetricsExport
-from openai_compat.settings import ModelConfig, Settings
 
 # Ray's errors that mean "this replica is gone or cannot take the call now": the request is
 # answered 503 with Retry-After (clients and SDKs retry), never a hang or a 500.
@@ -296,7 +296,7 @@ async def remote_app(
 ) -> tuple[Any, RayMetricsExport]:
     """Our app on a registry of remote entries (the ingress's, the batch server's), and the
     export of its metrics to Ray (ray_serve/metrics.py)."""
-    from openai_compat.app import create_app
+    from openai_compat.web.app import create_app
 
     await worker_start(settings)
     registry = await remote_registry(settings, names, handles)

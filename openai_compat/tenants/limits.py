@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from openai_compat.errors import RateLimited
+from openai_compat.ground.errors import RateLimited
 from openai_compat.tenants.keys import Key
 
 Clock = Callable[[], float]

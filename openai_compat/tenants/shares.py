@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from openai_compat.errors import RateLimited
+from openai_compat.ground.errors import RateLimited
 
 
 @dataclass

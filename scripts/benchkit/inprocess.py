@@ -21,8 +21,8 @@ ENTRY = Path(__file__).resolve().parent.parent / "bench.py"
 def inprocess_engine(setting: str) -> Any:
     """The same engine and settings as our server's, for calling directly: the native engine
     (loading.create_engine, as the server builds it), without HTTP."""
+    from openai_compat.frame.settings import ModelConfig
     from openai_compat.models.loading import create_engine
-    from openai_compat.settings import ModelConfig
 
     served, source, _, engine, batch = MODEL_SETTINGS[setting]
     config = ModelConfig(model=source, name=served, engine=engine, device="cpu", batch_size=batch)

@@ -29,9 +29,9 @@ from openai_compat.api.request import (
     ready_registry,
     settings_of,
 )
-from openai_compat.errors import BadRequest
 from openai_compat.formats.compact import check_types, encode
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
+from openai_compat.ground.errors import BadRequest
 from openai_compat.inference.embed import (
     check_count,
 )

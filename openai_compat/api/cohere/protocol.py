@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
-from openai_compat.model_config import KeepAlive
-from openai_compat.protocol import Usage, check_echoable, error_responses
+from openai_compat.api.protocol import Usage, check_echoable, error_responses
+from openai_compat.frame.model_config import KeepAlive
 
 Truncate = Literal["NONE", "START", "END"]
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-from openai_compat.protocol import ERROR_RESPONSES, UNNAMED, EmbeddingRequest
+from openai_compat.api.protocol import ERROR_RESPONSES, UNNAMED, EmbeddingRequest
 
 # infinity-emb's own limits on its request bodies (its OpenAPI document): a string over
 # MAX_CHARS, or more than MAX_ITEMS items, is its 422.

@@ -21,6 +21,12 @@ from openai_compat.api.infinity.protocol import (
 )
 from openai_compat.api.openai.embeddings import serve_embeddings
 from openai_compat.api.openai.models import model_cards
+from openai_compat.api.protocol import (
+    ERROR_RESPONSES,
+    UNNAMED,
+    EmbeddingResponse,
+    ModelList,
+)
 from openai_compat.api.request import (
     body_openapi,
     media_of,
@@ -29,18 +35,12 @@ from openai_compat.api.request import (
     ready_registry,
     settings_of,
 )
-from openai_compat.errors import BadRequest
 from openai_compat.formats.encoding import embedding_payload, orjson_response
 from openai_compat.formats.media import Modality
+from openai_compat.ground.errors import BadRequest
 from openai_compat.inference.plan import EmbedPlan, run
 from openai_compat.inference.scoring import check_top_n, classify_texts, raw_score, rerank_texts
 from openai_compat.models.registry import Capability, ModelEntry
-from openai_compat.protocol import (
-    ERROR_RESPONSES,
-    UNNAMED,
-    EmbeddingResponse,
-    ModelList,
-)
 
 router = APIRouter(tags=["infinity"])
 

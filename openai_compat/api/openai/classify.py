@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from openai_compat.api.protocol import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
 from openai_compat.api.request import body_openapi, note, read_body, ready_registry, settings_of
 from openai_compat.formats.encoding import orjson_response
 from openai_compat.inference.scoring import ClassifyResult, classify_texts
-from openai_compat.protocol import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
 
 router = APIRouter(tags=["classify"])
 

@@ -9,6 +9,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_compat.api.items import item_plan
+from openai_compat.api.protocol import (
+    ERROR_RESPONSES,
+    ContentItem,
+    EmbeddingRequest,
+    EmbeddingResponse,
+)
 from openai_compat.api.request import (
     body_openapi,
     media_of,
@@ -17,18 +23,12 @@ from openai_compat.api.request import (
     ready_registry,
     settings_of,
 )
-from openai_compat.errors import BadRequest, InputTooLong
 from openai_compat.formats.encoding import embedding_payload, orjson_response
 from openai_compat.formats.sparse import check_options, embedding_object
+from openai_compat.ground.errors import BadRequest, InputTooLong
 from openai_compat.inference.long_inputs import long_payload
 from openai_compat.inference.plan import Embedded, EmbedPlan, run
 from openai_compat.models.registry import ModelEntry
-from openai_compat.protocol import (
-    ERROR_RESPONSES,
-    ContentItem,
-    EmbeddingRequest,
-    EmbeddingResponse,
-)
 
 router = APIRouter(tags=["embeddings"])
 

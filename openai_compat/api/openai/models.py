@@ -8,10 +8,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from openai_compat.api.protocol import ERROR_RESPONSES, ModelCard, ModelList
 from openai_compat.api.request import ready_registry
 from openai_compat.formats.encoding import orjson_response
 from openai_compat.models.registry import ModelEntry, Registry, owned_by
-from openai_compat.protocol import ERROR_RESPONSES, ModelCard, ModelList
 
 _STARTED = int(time.time())
 

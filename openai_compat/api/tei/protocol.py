@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
-from openai_compat.protocol import error_responses
+from openai_compat.api.protocol import error_responses
 
 TokenIds = list[StrictInt]
 TeiInputs = Annotated[

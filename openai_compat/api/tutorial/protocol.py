@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, StrictInt, StrictStr
 
-from openai_compat.protocol import LabelScore
+from openai_compat.api.protocol import LabelScore
 
 _INDEX = (
     "Position in the configured model list (default: the tutorial's, else the server's "

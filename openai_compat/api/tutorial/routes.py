@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from openai_compat.api.protocol import ERROR_RESPONSES
 from openai_compat.api.request import (
     body_openapi,
     media_of,
@@ -31,7 +32,6 @@ from openai_compat.inference.embed import check_count
 from openai_compat.inference.plan import Embedded, EmbedPlan, run
 from openai_compat.inference.scoring import classify_texts, rerank_texts
 from openai_compat.models.registry import ModelEntry
-from openai_compat.protocol import ERROR_RESPONSES
 
 router = APIRouter(tags=["tutorial"])
 

@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from openai_compat.model_config import KeepAlive
-from openai_compat.protocol import error_responses
+from openai_compat.api.protocol import error_responses
+from openai_compat.frame.model_config import KeepAlive
 
 InputType = Literal["query", "document"]
 # Voyage's output_dtype: floats, or Cohere-like compact types (int8/uint8 scaled with the

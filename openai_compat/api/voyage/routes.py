@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_compat.api.items import item_plan
+from openai_compat.api.protocol import ContentItem
 from openai_compat.api.request import (
     body_openapi,
     media_of,
@@ -26,15 +27,14 @@ from openai_compat.api.voyage.protocol import (
     MultimodalRequest,
     RerankRequest,
 )
-from openai_compat.errors import BadRequest
 from openai_compat.formats.compact import encode
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.formats.tokens import field_names
+from openai_compat.ground.errors import BadRequest
 from openai_compat.inference.embed import check_count
 from openai_compat.inference.plan import EmbedPlan, run
 from openai_compat.inference.scoring import check_top_n, rerank_texts
 from openai_compat.models.registry import ModelEntry, Registry
-from openai_compat.protocol import ContentItem
 
 router = APIRouter(prefix="/voyage/v1", tags=["voyage"])
 

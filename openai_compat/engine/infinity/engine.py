@@ -11,8 +11,8 @@ from typing import Any
 from openai_compat.engine import folders, late, limits, pooling
 from openai_compat.engine.infinity import hooks, internals, splade
 from openai_compat.engine.infinity.feeder import Feeder
-from openai_compat.errors import BadRequest
-from openai_compat.settings import ModelConfig
+from openai_compat.frame.settings import ModelConfig
+from openai_compat.ground.errors import BadRequest
 
 
 def engine_args(config: ModelConfig) -> Any:

@@ -49,7 +49,7 @@ from typing import Any
 
 from openai_compat.engine.priority import _BACKGROUND, background, in_background
 from openai_compat.engine.usage import engine_token_count, length_estimate
-from openai_compat.errors import ModelOutputError, ServiceUnavailable
+from openai_compat.ground.errors import ModelOutputError, ServiceUnavailable
 
 __all__ = ["Feeder", "background", "in_background"]
 

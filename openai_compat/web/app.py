@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
-from openai_compat import __version__, cpus, logs
+from openai_compat import __version__
 from openai_compat.api import admin, docs, ollama, playground, probes, shared, vllm
 from openai_compat.api.cohere import embed as cohere_embed
 from openai_compat.api.cohere import rerank
@@ -28,21 +28,22 @@ from openai_compat.api.tutorial import routes as tutorial
 from openai_compat.api.voyage import routes as voyage
 from openai_compat.batch import routes as batch_routes
 from openai_compat.batch.service import BatchService
-from openai_compat.bodies import BodyParser
 from openai_compat.engine.build import engine_package
-from openai_compat.errors import APIError, family_of, install_error_handlers
-from openai_compat.fastpath import FastPathMiddleware, fast_path_table
 from openai_compat.formats.media import MediaFetcher
-from openai_compat.lifecycle import Lifecycle, in_daemon_thread
-from openai_compat.metrics import Metrics
-from openai_compat.middleware import GatewayMiddleware
+from openai_compat.frame.settings import Settings
+from openai_compat.ground import cpus, logs
+from openai_compat.ground.bodies import BodyParser
+from openai_compat.ground.errors import APIError, family_of, install_error_handlers
+from openai_compat.ground.lifecycle import Lifecycle, in_daemon_thread
 from openai_compat.models import memory
 from openai_compat.models.cache import EmbeddingCache
 from openai_compat.models.loading import ModelLoader, stop_engines, unload_entry
+from openai_compat.models.metrics import Metrics
 from openai_compat.models.pool import ModelPool
 from openai_compat.models.registry import EngineFailure, ModelEntry, Registry
-from openai_compat.settings import Settings
 from openai_compat.tenants import Tenants
+from openai_compat.web.fastpath import FastPathMiddleware, fast_path_table
+from openai_compat.web.middleware import GatewayMiddleware
 
 logger = logging.getLogger("openai_compat")
 

@@ -16,15 +16,15 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from openai_compat.errors import (
+from openai_compat.ground.errors import (
     APIError,
     api_error_response,
     family_for,
     validation_error_response,
 )
-from openai_compat.metrics import Metrics
-from openai_compat.middleware import UPLOAD_PATHS
+from openai_compat.models.metrics import Metrics
 from openai_compat.models.slots import raise_if_unloaded, request_leases
+from openai_compat.web.middleware import UPLOAD_PATHS
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 

@@ -20,7 +20,8 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_compat.engine.priority import in_background
-from openai_compat.errors import (
+from openai_compat.frame.settings import Settings
+from openai_compat.ground.errors import (
     SHARED_KEYS,
     APIError,
     Forbidden,
@@ -33,9 +34,8 @@ from openai_compat.errors import (
     family_of,
     printable,
 )
-from openai_compat.lifecycle import Lifecycle
-from openai_compat.metrics import Metrics, RouteLabels
-from openai_compat.settings import Settings
+from openai_compat.ground.lifecycle import Lifecycle
+from openai_compat.models.metrics import Metrics, RouteLabels
 from openai_compat.tenants import RUN_AS, Tenants
 from openai_compat.tenants.keys import Key
 from openai_compat.tenants.limits import Caller

@@ -20,7 +20,7 @@ from pydantic import (
     field_validator,
 )
 
-from openai_compat.model_config import KeepAlive
+from openai_compat.frame.model_config import KeepAlive
 
 # Integers a JSON answer can carry exactly (orjson writes 64-bit integers, signed or not).
 _INT_RANGE = (-(2**63), 2**64 - 1)

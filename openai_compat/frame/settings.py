@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from openai_compat.model_config import (
+from openai_compat.frame.model_config import (
     BACKENDS,
     BUILTIN_PREFIX,
     DEFAULT_MODEL_NAME,

@@ -13,8 +13,8 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from openai_compat.lifecycle import Lifecycle
-from openai_compat.settings import Settings
+from openai_compat.frame.settings import Settings
+from openai_compat.ground.lifecycle import Lifecycle
 
 logger = logging.getLogger("openai_compat")
 

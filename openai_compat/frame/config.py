@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from openai_compat.settings import ENV_PREFIX, ConfigError, ModelConfig, Settings
+from openai_compat.frame.settings import ENV_PREFIX, ConfigError, ModelConfig, Settings
 
 
 def cli_fields() -> dict[str, Any]:
