@@ -303,6 +303,18 @@ def test_the_thread_count_follows_what_each_count_measures() -> None:
     assert 1 in used[:20]  # one thread kept until the regular exploration found two faster
 
 
+def test_the_largest_count_is_not_explored_again_while_it_keeps_its_rate() -> None:
+    """A lone client's batches on fewer threads are its slowest: while every thread is the
+    fastest and its rate holds, no exploration runs them (they were its p99)."""
+    cpu = CpuModel({2: 1600.0, 1: 1000.0})
+    tuner = ThreadTuner(2, explore_every=20, trial=3, clock=cpu.clock)
+    assert drive(tuner, cpu, 6) == [2, 2, 2, 1, 1, 1] and tuner.chosen == 2
+    assert drive(tuner, cpu, 500) == [2] * 500 and tuner.explorations == 1
+    cpu.rate = {2: 700.0, 1: 1000.0}  # the fall below 0.6x is still noticed
+    used = drive(tuner, cpu, 9)
+    assert used == [2, 2, 2, 2, 2, 2, 1, 1, 1] and tuner.chosen == 1
+
+
 def test_one_cpu_is_one_thread_and_nothing_is_measured() -> None:
     cpu = CpuModel({1: 1000.0})
     tuner = ThreadTuner(1, clock=cpu.clock)

@@ -8,14 +8,18 @@ sentences/s on 2 threads, 250 on one; quiet, 2 threads are 1.6x one). No count f
 start serves both, so the forward thread keeps measuring:
 
 - it runs on the chosen count, recording the padded tokens per second of each batch;
-- every `explore_every` batches (sooner when each of the last `trial` batches ran under
-  `drop` x the rate the count was chosen at: a neighbour arrived), it runs `trial` batches
-  on each candidate count back to back, the chosen one included, and keeps the fastest
-  (ties to the larger count);
+- when each of the last `trial` batches ran under `drop` x the rate the count was chosen at
+  (a neighbour arrived), and, while a smaller count than the largest is chosen, every
+  `explore_every` batches (has the neighbour left?), it runs `trial` batches on each
+  candidate count back to back, the chosen one included, and keeps the fastest (ties to the
+  larger count). While the largest count is chosen and keeps its rate nothing is explored:
+  an exploration's batches on fewer threads were a lone client's slowest (3 in every 54 on
+  one thread of two: its p99, measured 2026-12-06, docs/benchmarks.md's one-client);
 - candidates: every count from the CPUs available down to 1 for up to 4 CPUs, else that,
   its half and 1. With one CPU there is nothing to choose and nothing is measured.
 
-Exploring costs little: `trial` batches in `explore_every` run on a slower count at worst.
+Exploring costs little: `trial` batches in `explore_every` run on a slower count at worst,
+and only while a neighbour is (or was lately) there.
 Only the forward thread calls it (no lock); the clock is injectable for tests.
 """
 
@@ -94,8 +98,10 @@ class ThreadTuner:
             self._recent.popleft()
 
     def _due(self) -> bool:
-        if self.explorations == 0 or self._since >= self.explore_every:
+        if self.explorations == 0:
             return True
+        if self._since >= self.explore_every and self.chosen != self.options[0]:
+            return True  # fewer threads than the CPUs: has the neighbour left?
         # a sustained fall: each of the last `trial` batches, not one slow batch
         floor = self.drop * self.chosen_rate
         return len(self._recent) == self.trial and all(r < floor for r in self._recent)
