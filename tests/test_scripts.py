@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,11 +27,28 @@ def infinity_python() -> str:
 
 
 def run_bench(
-    out_dir: Path, *args: str, timeout: int, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """scripts/bench.py with `args`, writing into `out_dir`; it must exit 0."""
+    results: Path,
+    scenario: str,
+    *kit: str,
+    rounds: int = 2,
+    timeout: int,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """`scripts/bench.py run SCENARIO` (the load kit's `kit` options after --), recording into
+    `results`; it must exit 0. Its one results line."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench.py"), *args, "--out-dir", str(out_dir)],
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench.py"),
+            "run",
+            scenario,
+            "--rounds",
+            str(rounds),
+            "--results",
+            str(results),
+            "--",
+            *kit,
+        ],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -37,7 +56,11 @@ def run_bench(
         env={**os.environ, **(env or {})},
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    return out
+    (line,) = (results / f"{scenario}.jsonl").read_text().splitlines()
+    found: dict[str, Any] = json.loads(line)
+    assert found["scenario"] == scenario and found["commit"] and found["hardware"]["cores"]
+    assert found["versions"]["torch"] and len(found["rounds"]) == rounds
+    return found
 
 
 def test_smoke_script_passes_every_check_on_a_live_server(multi_server: RemoteServer) -> None:
@@ -65,59 +88,44 @@ def test_smoke_script_fails_loudly_against_nothing() -> None:
     assert "FAIL  health & ready" in out.stdout
 
 
-def test_bench_short_mode_runs_and_writes_its_outputs(tmp_path: Path) -> None:
-    """The benchmark itself (tiny counts on debugengine): it runs and reports; no speed asserted."""
-    import json
-
+def test_bench_http_layer_records_every_system_with_ratios_from_the_same_round(
+    tmp_path: Path,
+) -> None:
+    """The HTTP-layer scenario (tiny counts on debugengine): every system runs every round,
+    and each published ratio is the figure over its anchor within a round."""
     peer = {"INFINITY_PYTHON": infinity_python()}
-    out = run_bench(
+    line = run_bench(
         tmp_path,
-        "--models",
-        "debug",
+        "http-layer",
         "--systems",
         "ours,infinity,inprocess",
         "--inputs",
         "1",
-        "--formats",
-        "float,base64",
         "--concurrency",
         "2",
         "--duration",
         "0.5",
         "--warmup",
         "0.2",
-        "--rounds",
-        "2",
         timeout=600,
         env=peer,
     )
-    assert "[bench] round 2/2" in out.stderr  # progress
-    assert "vs infinity" in out.stdout and "debug/n1/float/text/c2" in out.stdout
-    assert "spread" in out.stdout
-    report = json.loads((tmp_path / "results.json").read_text())
-    systems = {r["system"] for r in report["runs"]}
-    assert systems == {"ours", "infinity", "inprocess"}
-    for run in report["runs"]:
-        assert run["requests"] > 0 and run["errors"] == 0
-        assert run["p50_ms"] > 0
-    assert report["machine"]["generator_cpus"] and report["machine"]["server_cpus"]
-    ours = [r for r in report["summary"] if r["system"] == "ours"]
-    for row in ours:
-        ratio = row["ours_vs_infinity"]
-        assert row["rounds"] == 2 and ratio["min"] <= ratio["max"] and ratio["median"] > 0
-        assert row["requests_per_s_min"] <= row["requests_per_s"] <= row["requests_per_s_max"]
-    png = (tmp_path / "throughput.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    for r in line["rounds"]:
+        assert {"ours.n1.c2.rps", "infinity.n1.c2.rps", "inprocess.n1.c2.rps"} <= set(r)
+        assert all(v > 0 for v in r.values())
+    fig = line["figures"]["ours.n1.c2.rps / infinity.n1.c2.rps"]
+    assert fig["ratio"]["rounds"] == pytest.approx(
+        [r["ours.n1.c2.rps"] / r["infinity.n1.c2.rps"] for r in line["rounds"]], abs=1e-3
+    )
+    assert fig["min"] <= fig["median"] <= fig["max"]
+    assert line["params"]["concurrency"] == [2] and line["params"]["models"] == ["debug"]
 
 
-def test_bench_batch_impact_runs_every_mode_and_reports_ratios(tmp_path: Path) -> None:
-    """--batch-impact on debugengine (tiny counts): live load alone and beside a batch job,
-    the job alone, and the engine in-process."""
-    import json
-
-    out = run_bench(
+def test_bench_batch_impact_records_live_latency_beside_the_job(tmp_path: Path) -> None:
+    """batch-impact on debugengine (tiny counts): live load alone and beside a batch job."""
+    line = run_bench(
         tmp_path,
-        "--batch-impact",
+        "batch-impact",
         "--models",
         "debug",
         "--concurrency",
@@ -126,43 +134,21 @@ def test_bench_batch_impact_runs_every_mode_and_reports_ratios(tmp_path: Path) -
         "3",
         "--warmup",
         "0.2",
-        "--rounds",
-        "2",
         "--batch-lines",
         "20000",
         timeout=600,
     )
-    assert "with-batch / alone: p50" in out.stdout
-    assert "the batch ended inside the window" not in out.stderr
-    report = json.loads((tmp_path / "batch-impact.json").read_text())
-    assert set(report["runs"]) == {"alone", "with-batch"}
-    for runs in report["runs"].values():
-        assert len(runs) == 2 and all(r["requests"] > 0 and r["errors"] == 0 for r in runs)
-    assert len(report["ratio_p99"]) == 2 and all(r > 0 for r in report["ratio_p99"])
-    assert all(x > 0 for x in report["batch_lines_per_s"])  # the batch moved meanwhile
-    assert len(report["job_alone_lines_per_s"]) == 2 and all(
-        x > 0 for x in report["job_alone_lines_per_s"]
-    )
-    assert len(report["inprocess_inputs_per_s"]) == 2
-    assert report["job_vs_inprocess"] == pytest.approx(
-        [
-            16 * j / e
-            for j, e in zip(
-                report["job_alone_lines_per_s"], report["inprocess_inputs_per_s"], strict=True
-            )
-        ]
-    )
-    assert "job with no live traffic:" in out.stdout
+    p99 = line["figures"]["with-batch.p99_ms / alone.p99_ms"]
+    assert len(p99["ratio"]["rounds"]) == 2 and all(x > 0 for x in p99["ratio"]["rounds"])
+    assert all(r["batch_lines_per_s"] > 0 for r in line["rounds"])  # the batch moved meanwhile
 
 
-def test_bench_grid_runs_every_backend_and_length_with_accuracy(tmp_path: Path) -> None:
-    """--grid (tiny counts, torch and ONNX int8): every length x concurrency per backend,
+def test_bench_backends_runs_every_backend_and_length_with_accuracy(tmp_path: Path) -> None:
+    """backends (tiny counts, torch and ONNX int8): every length x concurrency per backend,
     ratios to torch from the same rounds, and the served vectors' cosine to torch."""
-    import json
-
-    out = run_bench(
+    line = run_bench(
         tmp_path,
-        "--grid",
+        "backends",
         "--models",
         "minilm-int8",
         "--lengths",
@@ -173,41 +159,35 @@ def test_bench_grid_runs_every_backend_and_length_with_accuracy(tmp_path: Path) 
         "0.5",
         "--warmup",
         "0.2",
-        "--rounds",
-        "2",
         timeout=900,
     )
-    report = json.loads((tmp_path / "grid.json").read_text())
-    rows = {(r["backend"], r["tokens"], r["concurrency"]): r for r in report["summary"]}
-    assert set(rows) == {
-        (b, t, c) for b in ("torch", "onnx-int8") for t in (16, 128) for c in (1, 4)
+    keys = {
+        f"{b}.t{t}.c{c}.inputs_per_s"
+        for b in ("torch", "onnx-int8")
+        for t in (16, 128)
+        for c in (1, 4)
     }
-    for (backend, _, _), row in rows.items():
-        assert row["errors"] == 0 and row["inputs_per_s"] > 0
-        assert row["inputs_per_s_min"] <= row["inputs_per_s"] <= row["inputs_per_s_max"]
-        if backend == "torch":
-            assert row["vs_torch_min"] == row["vs_torch_max"] == 1.0
-    acc = report["accuracy_vs_torch"]
+    assert all(set(r) == keys for r in line["rounds"])
+    assert set(line["figures"]) == {
+        f"onnx-int8.t{t}.c{c}.inputs_per_s / torch.t{t}.c{c}.inputs_per_s"
+        for t in (16, 128)
+        for c in (1, 4)
+    }
+    acc = line["accuracy_vs_torch"]
     assert min(acc["torch"].values()) == pytest.approx(1.0, abs=1e-6)
     assert 0.98 <= min(acc["onnx-int8"].values()) < 0.99999  # int8: close, not identical
-    assert (
-        15 <= report["tokens_per_text"]["16"] <= 17
-        and 126 <= report["tokens_per_text"]["128"] <= 130
-    )
-    assert "onnx-int8" in out.stdout and "vs torch" in out.stdout
-    assert (tmp_path / "grid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    tokens = line["tokens_per_text"]
+    assert 15 <= tokens["16"] <= 17 and 126 <= tokens["128"] <= 130
 
 
-def test_bench_ray_measures_overhead_and_scaling(tmp_path: Path) -> None:
-    """--ray (tiny counts, one round): a Ray node per phase, ours deployed by `serve --ray`,
-    every run answered without errors, ratios from the same round, nothing of Ray left."""
-    import json
-
+def test_bench_ray_serve_measures_overhead_and_scaling(tmp_path: Path) -> None:
+    """ray-serve (tiny counts, one round): a Ray node per phase, ours deployed by `serve
+    --ray`, ratios from the same round, nothing of Ray left."""
     from tests.utils import live_pids
 
-    run_bench(
+    line = run_bench(
         tmp_path,
-        "--ray",
+        "ray-serve",
         "--inputs",
         "4",
         "--concurrency",
@@ -216,20 +196,21 @@ def test_bench_ray_measures_overhead_and_scaling(tmp_path: Path) -> None:
         "1",
         "--warmup",
         "0.5",
-        "--rounds",
-        "1",
+        rounds=1,
         timeout=900,
     )
-    report = json.loads((tmp_path / "ray-serve.json").read_text())
-    assert report["inputs_per_request"] == 4 and report["concurrency"] == 2
-    (overhead,) = report["overhead"]["rounds"]
-    (scaling,) = report["scaling"]["rounds"]
-    runs = [overhead["single"], overhead["ray"], scaling["ray_1"], scaling["ray_2"]]
-    runs.append(scaling["single"])
-    assert all(r["errors"] == 0 and r["requests"] > 0 for r in runs), runs
-    ratio = overhead["ray"]["inputs_per_s"] / overhead["single"]["inputs_per_s"]
-    assert report["overhead"]["ray_vs_single"]["median"] == pytest.approx(ratio, abs=1e-3)
-    assert report["scaling"]["two_vs_one_replica"]["median"] == pytest.approx(
-        scaling["ray_2"]["inputs_per_s"] / scaling["ray_1"]["inputs_per_s"], abs=1e-3
+    (r,) = line["rounds"]
+    assert all(
+        r[k] > 0
+        for k in (
+            "overhead.single.inputs_per_s",
+            "overhead.ray.inputs_per_s",
+            "scaling.ray_1.inputs_per_s",
+            "scaling.ray_2.inputs_per_s",
+        )
+    )
+    ratio = line["figures"]["overhead.ray.inputs_per_s / overhead.single.inputs_per_s"]["ratio"]
+    assert ratio["median"] == pytest.approx(
+        r["overhead.ray.inputs_per_s"] / r["overhead.single.inputs_per_s"], abs=1e-3
     )
     assert not live_pids(b"/tmp/rb-"), "Ray processes left behind"

@@ -374,7 +374,7 @@ class Scheduler:
                     done.append(call)
         # (answered before this lane is marked free: a one-client stream's next batch may then
         # find it running and go narrow, which measured faster than wide for one client here:
-        # p50 12.5 vs 14.8 ms for 1 input, 49 vs 58 for 16, one_client.py, 2026-12-06)
+        # p50 12.5 vs 14.8 ms for 1 input, 49 vs 58 for 16, bench.py's one-client, 2026-12-06)
         for loop, calls in by_loop(done).items():
             loop.call_soon_threadsafe(resolve, calls)
         return threads

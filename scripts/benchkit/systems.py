@@ -86,6 +86,47 @@ def rss_kib(pid: int) -> dict[str, int]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process it started, and theirs (a server's worker processes)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    return found
+
+
+def tree_memory(pid: int) -> dict[str, float]:
+    """Resident memory of a process tree, as a container's limit counts it, in MiB: `rss`
+    (every page resident, shared files included) and `anon` (its own heap and stacks: what a
+    cgroup cannot reclaim), summed over the tree; `processes` in it."""
+    out = {"rss": 0.0, "anon": 0.0, "processes": 0.0}
+    for p in descendants(pid):
+        try:
+            status = Path(f"/proc/{p}/status").read_text().splitlines()
+        except OSError:
+            continue
+        out["processes"] += 1
+        for line in status:
+            if line.startswith("VmRSS:"):
+                out["rss"] += int(line.split()[1]) / 1024
+            elif line.startswith("RssAnon:"):
+                out["anon"] += int(line.split()[1]) / 1024
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def infinity_python() -> str:
+    """infinity-emb's own environment (requirements/infinity.txt): $INFINITY_PYTHON."""
+    python = os.environ.get("INFINITY_PYTHON")
+    if not python:
+        raise SystemExit("set INFINITY_PYTHON to requirements/infinity.txt's environment")
+    return python
+
+
 # ---------------------------------------------------------------- systems
 
 

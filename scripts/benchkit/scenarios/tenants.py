@@ -2,7 +2,7 @@
 """Keys, fair shares and what they cost (issue #41), against real server processes on
 127.0.0.1. Every input is new (the exact cache off); bounded in time.
 
-    python scripts/tenants_bench.py [ROUNDS]
+    python scripts/bench.py run tenants [--rounds N] [--only alone,flood,...]
 
 fairness   MiniLM; keys A and B of weight 1. "alone": B with 2 requests in flight; "flood":
            A with 64 in flight beside B's 2. B's p50/p99 latency and 429s in each; the same
@@ -17,6 +17,7 @@ Every request carries 16 inputs of 6-14 words. Rounds alternate the order of the
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import os
@@ -26,13 +27,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit.load import _WORDS as WORDS
-from shared_cpu import free_port, ready  # the same port and /ready wait
+from benchkit.record import Figure
+from benchkit.scenarios.shared_cpu import ready  # the same /ready wait
+from benchkit.systems import free_port
 
 PER_REQUEST = 16
 SECONDS = float(os.environ.get("BENCH_SECONDS", "12"))
@@ -132,8 +135,36 @@ def keys(*entries: tuple[str, float, str]) -> str:
     )
 
 
-def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+NAME = "tenants"
+DESCRIPTION = "keys: a flood beside a light key, weights 3:1, the cost of keys and limits"
+FIGURES = [
+    Figure(
+        "flood.b_p50_ms",
+        "light key's p50 beside a flood (fair shares)",
+        "ms",
+        "lower",
+        "alone.b_p50_ms",
+    ),
+    Figure(
+        "fifo-flood.b_p50_ms", "the same without keys (one FIFO)", "ms", "lower", "alone.b_p50_ms"
+    ),
+    Figure("weights.a_per_b", "served share, weight 3 vs weight 1", "x", "higher"),
+    Figure(
+        "cost-keyed.rps",
+        "HTTP path with keys and limits",
+        "requests/s",
+        "higher",
+        "cost-nokeys.rps",
+        0.95,
+    ),
+]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--only", default=None, help="a comma-separated subset of the scenarios")
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, float]]]:
     work = Path(tempfile.mkdtemp(prefix="tenants-bench-"))
     servers = {
         "fair": serve(work, "fair", MINILM, keys(("A", 1, ""), ("B", 1, ""))),
@@ -142,35 +173,39 @@ def main() -> None:
         "nokeys": serve(work, "nokeys", DEBUG, None),
         "keyed": serve(work, "keyed", DEBUG, keys(("K", 1, "rpm = 100000000\ntpm = 100000000000"))),
     }
+    scenarios = ["alone", "flood", "fifo-flood", "weights", "cost-nokeys", "cost-keyed"]
+    if args.only:
+        scenarios = [s for s in scenarios if s in args.only.split(",")]
+    rounds: list[dict[str, float]] = []
     try:
         for _, url in servers.values():
             asyncio.run(ready(url))
-        print(
-            f"cpus {os.cpu_count()}, {PER_REQUEST} inputs per request, {SECONDS:.0f} s per "
-            f"measurement after {WARMUP:.0f} s",
-            flush=True,
-        )
-        scenarios = ["alone", "flood", "fifo-flood", "weights", "cost-nokeys", "cost-keyed"]
-        only = os.environ.get("SCENARIOS")  # a comma-separated subset, for a quick look
-        if only:
-            scenarios = [s for s in scenarios if s in only.split(",")]
-        for r in range(rounds):
-            order = scenarios if r % 2 == 0 else scenarios[::-1]
-            out: dict[str, str] = {}
-            for scenario in order:
-                out[scenario] = run_scenario(scenario, servers, r)
-            for scenario in scenarios:
-                print(f"round {r + 1} {scenario:11s} {out[scenario]}", flush=True)
+        for r in range(args.rounds):
+            row: dict[str, float] = {}
+            for scenario in scenarios if r % 2 == 0 else scenarios[::-1]:
+                got = run_scenario(scenario, servers, r)
+                row |= {f"{scenario}.{k}": v for k, v in got.items()}
+                print(f"round {r + 1} {scenario:11s} {got}", flush=True)
+            rounds.append(row)
     finally:
         for proc, _ in servers.values():
             proc.terminate()
         for proc, _ in servers.values():
             proc.wait(timeout=60)
+    params = {
+        "inputs_per_request": PER_REQUEST,
+        "seconds": SECONDS,
+        "warmup_s": WARMUP,
+        "scenarios": scenarios,
+        "models": "MiniLM (fairness, weights); the debug engine (cost)",
+        "cache": "off (every text new)",
+    }
+    return params, rounds
 
 
 def run_scenario(
     scenario: str, servers: dict[str, tuple[subprocess.Popen[bytes], str]], r: int
-) -> str:
+) -> dict[str, float]:
     seed = 1000 * r
     if scenario in ("alone", "flood", "fifo-flood"):
         url = servers["fifo" if scenario == "fifo-flood" else "fair"][1]
@@ -181,25 +216,25 @@ def run_scenario(
             clients.append(Client(url, key_a, "m", 64, seed + 2))
         asyncio.run(drive(clients))
         a_rate = clients[1].inputs / SECONDS if len(clients) > 1 else 0.0
-        return (
-            f"B p50 {pct(b.latencies, 0.5):6.0f} ms  p99 {pct(b.latencies, 0.99):6.0f} ms  "
-            f"B 429s {b.refused}  B inputs/s {b.inputs / SECONDS:6.1f}  A inputs/s {a_rate:6.1f}"
-        )
+        return {
+            "b_p50_ms": pct(b.latencies, 0.5),
+            "b_p99_ms": pct(b.latencies, 0.99),
+            "b_429s": b.refused,
+            "b_inputs_per_s": b.inputs / SECONDS,
+            "a_inputs_per_s": a_rate,
+        }
     if scenario == "weights":
         url = servers["weights"][1]
         a, b = Client(url, "A", "m", 32, seed + 3), Client(url, "B", "m", 32, seed + 4)
         asyncio.run(drive([a, b]))
         ratio = a.inputs / b.inputs if b.inputs else float("inf")
-        return (
-            f"A {a.inputs / SECONDS:6.1f} inputs/s  B {b.inputs / SECONDS:6.1f}  A/B {ratio:.2f}"
-            f"  429s A {a.refused} B {b.refused}"
-        )
+        return {
+            "a_inputs_per_s": a.inputs / SECONDS,
+            "b_inputs_per_s": b.inputs / SECONDS,
+            "a_per_b": ratio,
+            "429s": a.refused + b.refused,
+        }
     url = servers["nokeys" if scenario == "cost-nokeys" else "keyed"][1]
     c = Client(url, "shared" if scenario == "cost-nokeys" else "K", "m", 32, seed + 5)
     asyncio.run(drive([c]))
-    rate = c.inputs / PER_REQUEST / SECONDS
-    return f"requests/s {rate:7.1f}  p50 {pct(c.latencies, 0.5):5.1f} ms"
-
-
-if __name__ == "__main__":
-    main()
+    return {"rps": c.inputs / PER_REQUEST / SECONDS, "p50_ms": pct(c.latencies, 0.5)}

