@@ -48,7 +48,7 @@ def test_a_run_is_one_line_and_the_table_shows_it(tmp_path: Path) -> None:
     doc.write_text(f"# Benchmarks\n\nintro\n\n{table.BEGIN}\nold\n{table.END}\n\n## Method\n")
     record.write("one-client", {}, FIGURES, ROUNDS, results=results)
     table.CHARTS = tmp_path / "charts"  # no chart for these figures; nothing written there
-    table.generate(doc, results)
+    table.generate(doc, results, readme=None)
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\nintro\n\n") and text.endswith("## Method\n")
     assert "\nold\n" not in text
@@ -62,4 +62,20 @@ def test_a_doc_without_the_generated_block_is_refused(tmp_path: Path) -> None:
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n")
     with pytest.raises(SystemExit, match="no generated block"):
-        table.generate(doc, tmp_path)
+        table.generate(doc, tmp_path, readme=None)
+
+
+def test_the_readme_lines_name_their_scenario(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "results"
+    record.write("one-client", {}, FIGURES, ROUNDS, results=results)
+    monkeypatch.setattr(table, "HEADLINES", [("one-client", "ours.p99 / peer.p99"), ("x", "y")])
+    doc, readme = tmp_path / "benchmarks.md", tmp_path / "README.md"
+    doc.write_text(f"{table.BEGIN}\n{table.END}\n")
+    readme.write_text(f"## Performance\n\n{table.BEGIN}\n{table.END}\n\n## Next\n")
+    table.CHARTS = tmp_path / "charts"
+    table.generate(doc, results, readme=readme)
+    lines = readme.read_text().splitlines()
+    assert lines[3] == "- p99: 90.0 (80.0-120) ms, 1.20 (0.90-2.00)x peer.p99 (`one-client`)"
+    assert lines[4] == table.END and lines[-1] == "## Next"  # a scenario not run: no line
