@@ -13,6 +13,7 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
     spin     libgomp's own default (GOMP_SPINCOUNT=300000: idle threads spin first)
     spin10k  a short spin (GOMP_SPINCOUNT=10000) before sleeping: the default, named
     omp1     one OpenMP thread, spinning as libgomp does by default
+    arenas2  MALLOC_ARENA_MAX=2: glibc's heap in two arenas, not one per thread
     native   engine = "native" named in a config (the default since #39), run by
              $NATIVE_PYTHON if set, else this interpreter
     native-onnx, native-openvino
@@ -63,6 +64,7 @@ VARIANTS = {
     "spin": SPIN,
     "spin10k": {"GOMP_SPINCOUNT": "10000"},
     "omp1": {**SPIN, "OMP_NUM_THREADS": "1"},
+    "arenas2": {"MALLOC_ARENA_MAX": "2"},
     # start() writes the config file
     "native": {"OPENAI_COMPAT_CONFIG": "native"},
     "native-onnx": {"OPENAI_COMPAT_CONFIG": "native-onnx"},
