@@ -90,8 +90,12 @@ def _infinity_version() -> str | None:
     return out.stdout.strip() or None
 
 
+# What decides a measurement: the package, the tool, the dependencies (not the docs).
+_CODE = ("status", "-s", "--", "openai_compat", "scripts", "pyproject.toml", "requirements")
+
+
 def environment() -> dict[str, Any]:
-    """Where a run ran: the machine, the library versions, the commit (dirty if the tree
+    """Where a run ran: the machine, the library versions, the commit (dirty if the code
     had changes), the date."""
     packages = ("openai-compat", "torch", "transformers", "sentence-transformers", "numpy")
     versions = {p: _version(p) for p in packages}
@@ -99,7 +103,7 @@ def environment() -> dict[str, Any]:
     versions["infinity-emb"] = _infinity_version()
     return {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "commit": _git("rev-parse", "--short", "HEAD") + ("-dirty" if _git("status", "-s") else ""),
+        "commit": _git("rev-parse", "--short", "HEAD") + ("-dirty" if _git(*_CODE) else ""),
         "hardware": {
             "cpu": _cpu_model(),
             "cores": os.cpu_count(),
