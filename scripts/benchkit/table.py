@@ -49,6 +49,7 @@ def _anchor_name(anchor: str) -> str:
     system = anchor.split(".")[0]
     names = {
         "library": "the library's encode",
+        "library-best": "the library's best",
         "infinity": "infinity-emb's server",
         "infinity-server": "infinity-emb's server",
         "inprocess": "our engine in-process",
