@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "table":
         from benchkit import table
 
-        table.generate()
+        table.generate(definitions=known)
         return 0
     from benchkit import record
 

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from benchkit.record import ROOT, latest
+from benchkit.record import ROOT, latest, summarise
 
 DOC = ROOT / "docs" / "benchmarks.md"
 README = ROOT / "README.md"
@@ -246,9 +246,25 @@ def _replace(path: Path, block: list[str]) -> None:
 
 
 def generate(
-    doc: Path = DOC, results_dir: Path | None = None, readme: Path | None = README
+    doc: Path = DOC,
+    results_dir: Path | None = None,
+    readme: Path | None = README,
+    definitions: dict[str, Any] | None = None,
 ) -> None:
+    """The table, charts and README lines from the newest result of each scenario; with
+    `definitions` (scenario name -> its module or lab.Lab), each result's figures are summed
+    up again from its rounds by the scenario's figures of today (a figure added since the run
+    is published from the rounds it already has)."""
     results = latest(results_dir) if results_dir is not None else latest()
+    for name, line in results.items():
+        scenario = (definitions or {}).get(name)
+        if scenario is not None:
+            figures = (
+                scenario.figures(line["rounds"])
+                if hasattr(scenario, "figures")
+                else scenario.FIGURES
+            )
+            line["figures"] = summarise(figures, line["rounds"])
     _replace(
         doc,
         ["", *rows(results), "", "Where they ran:", *_hardware(results), "", *charts(results), ""],
