@@ -50,6 +50,9 @@ def _anchor_name(anchor: str) -> str:
     names = {
         "library": "the library's encode",
         "library-best": "the library's best",
+        "best-library": "the library's best",
+        "lib-8x16": "the library, 8 callers",
+        "cache-on": "cache on",
         "infinity": "infinity-emb's server",
         "infinity-server": "infinity-emb's server",
         "inprocess": "our engine in-process",
