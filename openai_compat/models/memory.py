@@ -86,7 +86,8 @@ def weights_mapped() -> Iterator[None]:
         yield
     finally:
         libc.mallopt(_M_MMAP_THRESHOLD, _RUNNING)
-        libc.mallopt(_M_TRIM_THRESHOLD, 2 * _RUNNING)  # as glibc's dynamic rule would set it
+        if "MALLOC_TRIM_THRESHOLD_" not in os.environ:  # an operator's value stays
+            libc.mallopt(_M_TRIM_THRESHOLD, 2 * _RUNNING)  # as glibc's dynamic rule would
 
 
 def freeze_imports() -> None:
