@@ -92,6 +92,8 @@ def rows(results: dict[str, dict[str, Any]]) -> list[str]:
         for fig in line["figures"].values():
             ratio = fig.get("ratio")
             anchor = fig.get("anchor")
+            if anchor is not None and ratio is None:
+                continue  # its anchor was not measured in this run
             anchor_cell = ""
             if anchor is not None:
                 ref = line["figures"].get(anchor)
