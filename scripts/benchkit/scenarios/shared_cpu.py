@@ -336,7 +336,7 @@ FIGURES = [
         "throughput beside a busy core",
         "sentences/s",
         "higher",
-        "neighbour.library",
+        "neighbour.library-best",
     ),
     Figure(
         "quiet.default",
