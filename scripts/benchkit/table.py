@@ -214,7 +214,7 @@ def charts(results: dict[str, dict[str, Any]]) -> list[str]:
 # The README's few lines: (scenario, figure key in its results) in the order they are told.
 HEADLINES = [
     ("shared-cpu", "quiet.default / quiet.library"),
-    ("shared-cpu", "neighbour.default / neighbour.library"),
+    ("shared-cpu", "neighbour.default / neighbour.library-best"),
     ("one-client", "ours.p50_1 / library.p50_1"),
     ("one-client", "ours.p50_16 / library.p50_16"),
     ("one-client", "ours.p99_16 / infinity.p99_16"),
