@@ -109,12 +109,12 @@ def available(
 # OMP_WAIT_POLICY=PASSIVE, which sleeps at once). Under load the native engine's lanes now run
 # one thread each (engine/scheduler.py), so no team waits at a barrier there; a team forms for
 # a lone batch, where sleeping at once costs each of a forward's many parallel regions a
-# wake-up. A short spin serves both (`scripts/bench.py run shared-cpu` and `one-client`; the
-# retired wait_policy.py, docs/benchmarks-history.md; MiniLM, 2 vCPUs): 16 texts x 32 in flight within
-# 1% of PASSIVE quiet and beside a busy core (477.9 / 252.8 vs 477.9 / 256.0 sentences/s,
-# medians of 3 rounds); one client's p50 13.5-13.7 ms vs 15.1-16.7 for one input and 51.1-51.6
-# vs 60.8-61.0 for 16 (two runs, the policies interleaved). An operator's OMP_WAIT_POLICY or
-# GOMP_SPINCOUNT wins.
+# wake-up. A short spin serves both (`scripts/bench.py run shared-cpu` and `one-client`;
+# the retired wait_policy.py, docs/benchmarks-history.md; MiniLM, 2 vCPUs): 16 texts x 32
+# in flight within 1% of PASSIVE quiet and beside a busy core (477.9 / 252.8 vs 477.9 /
+# 256.0 sentences/s, medians of 3 rounds); one client's p50 13.5-13.7 ms vs 15.1-16.7 for
+# one input and 51.1-51.6 vs 60.8-61.0 for 16 (two runs, the policies interleaved). An
+# operator's OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
 SPIN_COUNT = "10000"
 
 
