@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from openai_compat.engine import infinity, native, pooling
+from openai_compat.engine import infinity, native
 from openai_compat.engine.contract import Engine
 from openai_compat.frame.model_config import DEBUG_ENGINE, NATIVE, TORCH, ModelConfig
 from openai_compat.ground import cpus
@@ -39,10 +39,7 @@ def create(config: ModelConfig, export_dir: Path) -> Engine:
     if runs_natively(config.engine):
         engine = native.load(config, cpus.engine_threads(), export_dir)
         engine.apply_max_length(config.max_length)
-        pooled = engine.kind == "embedder" and not engine.runner.multivector
-        pooling.apply_pooling(
-            engine.model, config.pooling_method, pooled=pooled, sparse=engine.kind == "sparse"
-        )
+        engine.apply_pooling(config.pooling_method)
         return engine
     if not infinity.installed():
         raise NotInstalled(

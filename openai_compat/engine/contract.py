@@ -14,20 +14,12 @@ and `relevance_score`, classify rows of {"label", "score"}; each with the tokens
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol
 
 # What a model is, to the server: its inputs, its outputs and how they are batched.
 Kind = Literal["embedder", "sparse", "crossencoder", "classifier", "clip", "clap", "other"]
 
 
-class Runner(Protocol):
-    """Work beside an engine's batcher with its own thread (a model's raw logits, late
-    chunking's token vectors): closed when the model unloads."""
-
-    def close(self) -> None: ...
-
-
-@runtime_checkable
 class Engine(Protocol):
     """One loaded model behind its batcher."""
 

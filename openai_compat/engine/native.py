@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat.engine import classes, folders, late, limits
+from openai_compat.engine import classes, folders, late, limits, pooling
 from openai_compat.engine.debug import DebugRunner
 from openai_compat.engine.prep import FairPrep
 from openai_compat.engine.priority import in_background, tenant
@@ -234,8 +234,7 @@ class NativeEngine:
             for i, v in enumerate(values)
         ]
 
-    # ------------------------------------------------------------ what the server asks
-    # (engine/contract.py's Engine: public attributes of the library's objects only)
+    # ------------------------------------------- what the server asks (contract.Engine)
 
     def torch_modules(self) -> list[Any]:
         """The torch modules holding the model's weights; none where an export runs it (its
@@ -278,9 +277,16 @@ class NativeEngine:
     def image_tokens(self) -> int:
         return int(self.runner.image_tokens)
 
+    @property
+    def pooled(self) -> bool:  # one vector per input from a Pooling module
+        return self.kind == "embedder" and not self.runner.multivector
+
+    def apply_pooling(self, method: str) -> None:
+        """Pool with `method` (config's pooling_method); ValueError where it cannot apply."""
+        pooling.apply_pooling(self.model, method, pooled=self.pooled, sparse=self.kind == "sparse")
+
     def pooling_mode(self) -> str | None:
-        single = self.kind == "embedder" and not self.runner.multivector
-        return late.pooling_mode(self.model) if single else None
+        return late.pooling_mode(self.model) if self.pooled else None
 
     def late_runner(self) -> late.LateRunner:
         return late.LateRunner(self.model)
@@ -288,8 +294,8 @@ class NativeEngine:
     def logits_runner(self) -> NativeEngine | None:
         return self if self.kind == "classifier" else None  # logits go through the queue
 
-    def wave_feeder(self, batch_size: int) -> None:
-        return None  # the scheduler forms its own batches
+    def wave_feeder(self, batch_size: int) -> None:  # the scheduler forms its own batches
+        return None
 
     def batch_stats(self) -> dict[str, Any]:
         return self.scheduler.stats.as_dict()

@@ -73,7 +73,7 @@ async def describe(
     if problems:
         raise EngineFailure("; ".join(problems))
     caps = frozenset(_CAPABILITIES[c] for c in engine.capabilities if c in _CAPABILITIES)
-    native = set(engine.capabilities)
+    engine_caps = set(engine.capabilities)  # the engine's names (image_embed, ...)
     backend = engine.tokenizer()
     max_length = engine.max_length()
     counter = TokenCounter(backend, max_length) if backend is not None else None
@@ -133,7 +133,7 @@ async def describe(
         exact_token_ids=config.token_ids == "model" and engine.takes_token_ids(),
         image_tokens=engine.image_tokens() if "image" in caps else 0,
         sampling_rate=engine.sampling_rate if "audio" in caps else None,
-        cosine_rerank="embed" in native
+        cosine_rerank="embed" in engine_caps
         and "rerank" in caps
         and sparse_size is None
         and not multivector,

@@ -28,6 +28,7 @@ import numpy as np
 import orjson
 
 from benchkit.load import _WORDS, Result, Scenario, drive_http
+from benchkit.record import cpu_model
 from benchkit.systems import Server, start_ours, wait_ready
 
 LABELS = {
@@ -146,7 +147,7 @@ async def grid(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[s
     report = {
         "machine": {
             "platform": platform.platform(),
-            "processor": _cpu_model(),
+            "processor": cpu_model(),
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "server_cpus": sorted(args.server_cpus),
@@ -285,16 +286,6 @@ def plot(rows: list[dict[str, Any]], server_cpus: int, path: Path) -> None:
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _versions() -> dict[str, str]:

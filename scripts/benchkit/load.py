@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -57,17 +58,46 @@ _WORDS = [
 ]
 
 
-def forward_batches(model: Any, count: int = 512, size: int = 32) -> list[dict[str, Any]]:
-    """#39's stream for the forward pass alone (fp32_peak.py, compiled_forward.py): `count`
-    texts of 6-14 words, length-sorted into batches of `size` as the engine and the
-    library's encode form them, each the library's own `model.preprocess` of its texts."""
-    rng = random.Random(0)
-    texts = [
-        f"{i} {i % 16} " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(6, 14)))
-        for i in range(count)
+def new_texts(rng: random.Random, counter: list[int], n: int) -> list[str]:
+    """`n` texts of 6-14 words that never repeat in a run: each starts with the request's
+    serial number (`counter`, advanced here) and its position."""
+    counter[0] += 1
+    return [
+        f"{counter[0]} {j} " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(6, 14)))
+        for j in range(n)
     ]
-    ordered = sorted(texts, key=lambda t: len(model.tokenizer(t)["input_ids"]))
-    return [model.preprocess(ordered[i : i + size]) for i in range(0, count, size)]
+
+
+async def closed_loop(
+    url: str,
+    request: Callable[[], tuple[str, bytes]],
+    in_flight: int,
+    seconds: float,
+    warmup: float,
+) -> float:
+    """Requests per second over `seconds` after `warmup`: `in_flight` clients, each posting
+    `request()` (a path and a JSON body) and coming back for the next once answered."""
+    done, measuring = [0], [False]
+    end = time.monotonic() + warmup + seconds
+    headers = {"content-type": "application/json"}
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while time.monotonic() < end:
+            path, body = request()
+            async with session.post(url + path, data=body, headers=headers) as r:
+                await r.read()
+                if r.status != 200:
+                    raise SystemExit(f"{url}{path}: status {r.status}: {await r.text()}")
+            if measuring[0] and time.monotonic() < end:
+                done[0] += 1
+
+    connector = aiohttp.TCPConnector(limit=max(64, 2 * in_flight))
+    async with aiohttp.ClientSession(connector=connector) as session:
+        tasks = [asyncio.create_task(worker(session)) for _ in range(in_flight)]
+        await asyncio.sleep(warmup)
+        measuring[0] = True
+        await asyncio.gather(*tasks)
+    return done[0] / seconds
 
 
 def sentences(n: int, seed: int) -> list[str]:

@@ -49,7 +49,7 @@ def _git(*args: str) -> str:
         return ""
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -105,7 +105,7 @@ def environment() -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "commit": _git("rev-parse", "--short", "HEAD") + ("-dirty" if _git(*_CODE) else ""),
         "hardware": {
-            "cpu": _cpu_model(),
+            "cpu": cpu_model(),
             "cores": os.cpu_count(),
             "usable_cpus": len(os.sched_getaffinity(0)),
             "memory_gib": _memory_gib(),

@@ -66,14 +66,14 @@ class InfinityEngine:
             engine = cls(AsyncEmbeddingEngine.from_args(engine_args(config)), config.served_name)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"invalid engine options: {exc}") from exc
-        replica, kind = engine.replica, engine.kind
+        replica = engine.replica
         sparse = config.kind == "sparse" or (
             config.kind == "auto" and splade.is_masked_lm(config.source)
         )
         if sparse:
             splade.serve_sparse(replica, config.source, config.trust_remote_code)
         engine.apply_max_length(config.max_length)
-        pooled = kind == "embedder" and not internals.multivector(replica)
+        pooled = engine._pooled()
         pooling.apply_pooling(replica, config.pooling_method, pooled=pooled, sparse=sparse)
         if not sparse:
             engine._counts = hooks.count_tokens_in_engine(replica)

@@ -28,17 +28,15 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from benchkit.load import _WORDS as WORDS  # noqa: E402
+from benchkit.load import closed_loop, new_texts  # noqa: E402
 from benchkit.record import Figure  # noqa: E402
 from benchkit.scenarios.shared_cpu import ready  # noqa: E402 (the same /ready wait)
 from benchkit.systems import free_port  # noqa: E402
@@ -58,14 +56,6 @@ FAMILIES = {
 QUERY = "what is the capital of france"
 
 
-def texts(rng: random.Random, n: int, serial: list[int]) -> list[str]:
-    serial[0] += 1
-    return [
-        f"{serial[0]} {j} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14)))
-        for j in range(n)
-    ]
-
-
 def serve(name: str, folder: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
     config = work / f"{name}.toml"
     config.write_text(f'[[models]]\nname = "{name}"\nmodel = "{folder}"\n')
@@ -81,32 +71,14 @@ def serve(name: str, folder: Path, work: Path) -> tuple[subprocess.Popen[bytes],
 async def drive(url: str, name: str, route: str, seed: int) -> float:
     """Requests per second over SECONDS after WARMUP, IN_FLIGHT clients."""
     rng, serial = random.Random(seed), [0]
-    done, measuring = [0], [False]
-    end = time.monotonic() + WARMUP + SECONDS
 
     def request() -> tuple[str, bytes]:
-        batch = texts(rng, PER_REQUEST, serial)
+        batch = new_texts(rng, serial, PER_REQUEST)
         if route == "rerank":
             return "/v1/rerank", orjson.dumps({"model": name, "query": QUERY, "documents": batch})
         return "/v1/embeddings", orjson.dumps({"model": name, "input": batch})
 
-    async def worker(session: aiohttp.ClientSession) -> None:
-        while time.monotonic() < end:
-            path, body = request()
-            headers = {"content-type": "application/json"}
-            async with session.post(url + path, data=body, headers=headers) as r:
-                await r.read()
-                if r.status != 200:
-                    raise SystemExit(f"{name}: status {r.status}: {await r.text()}")
-            if measuring[0] and time.monotonic() < end:
-                done[0] += 1
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
-        tasks = [asyncio.create_task(worker(session)) for _ in range(IN_FLIGHT)]
-        await asyncio.sleep(WARMUP)
-        measuring[0] = True
-        await asyncio.gather(*tasks)
-    return done[0] / SECONDS
+    return await closed_loop(url, request, IN_FLIGHT, SECONDS, WARMUP)
 
 
 LIBRARY = """

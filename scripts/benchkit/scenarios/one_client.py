@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from benchkit.load import _WORDS as WORDS
+from benchkit.load import new_texts
 from benchkit.record import Figure
 from benchkit.systems import free_port, infinity_python, tree_memory
 
@@ -91,14 +92,6 @@ print(int(status["VmRSS"].split()[0]) / 1024, int(status["RssAnon"].split()[0]) 
 """
 
 
-def texts(rng: random.Random, counter: list[int], k: int) -> list[str]:
-    counter[0] += 1
-    return [
-        f"{counter[0]} {j} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14)))
-        for j in range(k)
-    ]
-
-
 class Server:
     """One of the two servers, started and timed to ready; its stderr goes to a file (a pipe
     nobody reads would fill and stall it)."""
@@ -147,7 +140,7 @@ class Server:
         """Requests of k new texts, one at a time, for `seconds`: their latencies."""
         lat, end = [], time.monotonic() + seconds
         while time.monotonic() < end:
-            payload = {"model": "all-MiniLM-L6-v2", "input": texts(rng, counter, k)}
+            payload = {"model": "all-MiniLM-L6-v2", "input": new_texts(rng, counter, k)}
             t = time.perf_counter()
             r = self.client.post(self.url + "/v1/embeddings", json=payload)
             lat.append(time.perf_counter() - t)

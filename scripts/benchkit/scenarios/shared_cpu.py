@@ -46,7 +46,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +53,7 @@ import aiohttp
 import orjson
 
 from benchkit.load import _WORDS as WORDS  # the benchmark's own vocabulary
+from benchkit.load import closed_loop, new_texts
 from benchkit.record import Figure
 from benchkit.systems import free_port, infinity_python, tree_memory
 
@@ -154,37 +154,13 @@ async def ready(url: str, path: str = "/ready") -> None:
 
 async def drive(url: str, seed: int) -> float:
     """Sentences per second over SECONDS after WARMUP; every body is new (counter + words)."""
-    rng = random.Random(seed)
-    sent = [0]
-    done = [0]
-    measuring = [False]
-    end = time.monotonic() + WARMUP + SECONDS
+    rng, sent = random.Random(seed), [0]
 
-    def body() -> bytes:
-        sent[0] += 1
-        texts = [
-            f"{sent[0]} {j} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14)))
-            for j in range(PER_REQUEST)
-        ]
-        return orjson.dumps({"model": "all-MiniLM-L6-v2", "input": texts})
+    def request() -> tuple[str, bytes]:
+        texts = new_texts(rng, sent, PER_REQUEST)
+        return "/v1/embeddings", orjson.dumps({"model": "all-MiniLM-L6-v2", "input": texts})
 
-    async def worker(session: aiohttp.ClientSession) -> None:
-        while time.monotonic() < end:
-            headers = {"content-type": "application/json"}
-            async with session.post(url + "/v1/embeddings", data=body(), headers=headers) as r:
-                await r.read()
-                if r.status != 200:
-                    raise SystemExit(f"status {r.status}")
-            if measuring[0] and time.monotonic() < end:
-                done[0] += PER_REQUEST
-
-    connector = aiohttp.TCPConnector(limit=IN_FLIGHT * 2)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        tasks = [asyncio.create_task(worker(session)) for _ in range(IN_FLIGHT)]
-        await asyncio.sleep(WARMUP)
-        measuring[0] = True
-        await asyncio.gather(*tasks)
-    return done[0] / SECONDS
+    return PER_REQUEST * await closed_loop(url, request, IN_FLIGHT, SECONDS, WARMUP)
 
 
 LIBRARY = """
