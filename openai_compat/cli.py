@@ -15,6 +15,7 @@ from openai_compat.engine.build import engine_package, runs_natively
 from openai_compat.frame.config import build_settings, cli_fields, env_name
 from openai_compat.frame.settings import ConfigError, Settings
 from openai_compat.ground import cpus, logs
+from openai_compat.models import memory
 
 
 def _flag(name: str) -> str:
@@ -140,6 +141,8 @@ def serve(settings: Settings) -> int:
     import importlib
     import threading
 
+    # No collections while the imports below make their 800k lasting objects (memory.py).
+    memory.pause_collection()
     # Thread pools sized to the CPUs we may use (affinity, cgroup quota) before torch starts.
     cpus.size_pools()
     # The engine's imports (torch, transformers: seconds) start now, beside the web stack's.

@@ -7,6 +7,8 @@ results it writes.
     python scripts/bench.py run SCENARIO [--rounds N] [scenario options]
     python scripts/bench.py run throughput -- --duration 10     # options of the load kit
     python scripts/bench.py table                     # docs/benchmarks.md's table and charts
+    python scripts/bench.py venv DIR                  # a user's install (README) to measure:
+    OURS_PYTHON=DIR/bin/python python scripts/bench.py run one-client   # benchkit/install.py
 
 Every scenario alternates its systems round by round (at least 3 rounds for a published
 figure), reads ratios within a round, targets 127.0.0.1 only and stops by itself. A run
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="the scenarios")
     commands.add_parser("table", help="regenerate docs/benchmarks.md's table and charts")
+    venv = commands.add_parser("venv", help="make a venv as the README's first command does")
+    venv.add_argument("dir", type=Path)
     run = commands.add_parser("run", help="run one scenario and record its results")
     run_commands = run.add_subparsers(dest="scenario", required=True)
     known = scenarios()
@@ -64,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchkit import table
 
         table.generate(definitions=known)
+        return 0
+    if args.command == "venv":
+        from benchkit import install
+
+        print(install.make_venv(args.dir))
         return 0
     from benchkit import record
 

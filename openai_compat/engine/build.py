@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from openai_compat.engine import infinity, native
+from openai_compat.engine import infinity
 from openai_compat.engine.contract import Engine
 from openai_compat.frame.model_config import DEBUG_ENGINE, NATIVE, TORCH, ModelConfig
 from openai_compat.ground import cpus
@@ -37,6 +37,8 @@ def create(config: ModelConfig, export_dir: Path) -> Engine:
     """Build (load the weights of) one model's engine, set up as configured. Blocking: run
     it in a thread. ValueError (and the like) for options the model cannot take."""
     if runs_natively(config.engine):
+        from openai_compat.engine import native  # numpy, asyncio: not before the early import
+
         engine = native.load(config, cpus.engine_threads(), export_dir)
         engine.apply_max_length(config.max_length)
         engine.apply_pooling(config.pooling_method)
@@ -54,6 +56,8 @@ def create(config: ModelConfig, export_dir: Path) -> Engine:
 
 async def stop(engines: Sequence[Engine]) -> None:
     """Stop engines: native ones each, infinity-emb's as one AsyncEngineArray."""
+    from openai_compat.engine import native
+
     others = [e for e in engines if not isinstance(e, native.NativeEngine)]
     for engine in engines:
         if isinstance(engine, native.NativeEngine):

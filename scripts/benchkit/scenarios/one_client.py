@@ -14,9 +14,9 @@ per system and size in all): the library's own speed on a shared machine moves b
 between minutes, and a ratio of two systems read in different minutes carries that.
 
 OURS_PYTHON (default: this interpreter) runs our server, the library and the floor: point it
-at a venv made by the README's first command to measure a user's install (a test venv also
-imports pandas through scikit-learn, about 60 MiB and 0.3 s more). OURS_ENV ("NAME=VALUE
-...") adds to our server's environment only. infinity-emb's server: $INFINITY_PYTHON.
+at a venv made by `bench.py venv DIR` (the README's install) to measure a user's install
+(benchkit/install.py says what a test venv adds). OURS_ENV ("NAME=VALUE ...") adds to our
+server's environment only. infinity-emb's server: $INFINITY_PYTHON.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from typing import Any
 
 import httpx
 
+from benchkit import install
+from benchkit.install import OURS_PYTHON
 from benchkit.load import _WORDS as WORDS
 from benchkit.load import new_texts
 from benchkit.record import Figure
@@ -47,7 +49,6 @@ BLOCKS = 8
 # The resident memory is read right after the run (rss_mib) and again after REST_S without
 # requests (rss_rest_mib: what each server keeps once a burst is over).
 REST_S = 3.0
-OURS_PYTHON = os.environ.get("OURS_PYTHON", sys.executable)
 OURS_ENV = dict(pair.split("=", 1) for pair in os.environ.get("OURS_ENV", "").split())
 ENV = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
 
@@ -307,6 +308,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    install.prepare()
     rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
         got = one_round(r, args.seconds)
@@ -320,7 +322,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, fl
         "seconds_per_system_and_size": args.seconds,
         "blocks": BLOCKS,
         "rest_s": REST_S,
-        "ours_python": OURS_PYTHON,
+        **install.describe(),
         "ours_env": OURS_ENV,
         "cache": "off (--cache-bytes 0; every text new)",
     }

@@ -15,7 +15,8 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
     omp1     one OpenMP thread, spinning as libgomp does by default
     arenas2  MALLOC_ARENA_MAX=2: glibc's heap in two arenas, not one per thread
     native   engine = "native" named in a config (the default since #39), run by
-             $NATIVE_PYTHON if set, else this interpreter
+             $OURS_PYTHON (benchkit/install.py) as every
+             variant of ours is
     native-onnx, native-openvino
              the same with backend = "onnx" / "openvino" (engine/exported.py; the export is
              made on the first start, in $HF_HOME/openai-compat-exports, and reused)
@@ -33,7 +34,7 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
              way: the HTTP layer's cost is default / native-engine
     library  no server: sentence-transformers' own encode(texts, batch_size=32) in one
              process on the same kind of texts, 512 at a time (the ceiling), by
-             $NATIVE_PYTHON too: the library the native engine runs on
+             $OURS_PYTHON too: the library the native engine runs on
     library1 the same with torch.set_num_threads(1)
 """
 
@@ -52,6 +53,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from benchkit import install
+from benchkit.install import OURS_PYTHON
 from benchkit.load import _WORDS as WORDS  # the benchmark's own vocabulary
 from benchkit.load import closed_loop, new_texts
 from benchkit.record import Figure
@@ -118,7 +121,7 @@ def start(extra: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS"):
         if name not in extra:
             env.pop(name, None)
-    python = sys.executable
+    python = OURS_PYTHON
     native = NATIVE_BACKENDS.get(env.get("OPENAI_COMPAT_CONFIG", ""))
     if native is not None:
         backend, dtype = native
@@ -126,7 +129,6 @@ def start(extra: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
         with open(path, "w") as f:
             f.write(NATIVE_TOML.format(backend=backend, dtype=dtype))
         env["OPENAI_COMPAT_CONFIG"] = path
-        python = os.environ.get("NATIVE_PYTHON", sys.executable)
     elif env.get("OPENAI_COMPAT_CONFIG") == "infinity":
         path = f"/tmp/shared_cpu_infinity_{os.getpid()}.toml"
         with open(path, "w") as f:
@@ -246,12 +248,11 @@ def library_run(neighbour: bool, seed: int, variant: str = "library") -> float:
     """One in-process run (no server): the library's own encode, or infinity-emb's engine."""
     args = [" ".join(WORDS), str(SECONDS), str(WARMUP), str(seed)]
     if variant in ENGINES:
-        native = os.environ.get("NATIVE_PYTHON", sys.executable)
-        python = infinity_python() if variant == "infinity-engine" else native
+        python = infinity_python() if variant == "infinity-engine" else OURS_PYTHON
         code = ENGINES[variant] + ENGINE_DRIVER
         args += [str(IN_FLIGHT), str(PER_REQUEST)]
     else:
-        python, code = os.environ.get("NATIVE_PYTHON", sys.executable), LIBRARY
+        python, code = OURS_PYTHON, LIBRARY
         args.append("1" if variant == "library1" else "0")
     busy = None
     if neighbour:
@@ -358,6 +359,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, fl
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {sorted(VARIANTS)}")
+    install.prepare()
     rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
         row: dict[str, float] = {}
@@ -388,5 +390,6 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, fl
         "neighbour": "a Python loop pinned to CPU 1 (taskset -c 1) for the whole run",
         "library": "SentenceTransformer.encode(512 texts, batch_size=32) in one process",
         "cache": "off (--cache-bytes 0; every text new)",
+        **install.describe(),
     }
     return params, rounds
