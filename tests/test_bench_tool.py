@@ -79,3 +79,21 @@ def test_the_readme_lines_name_their_scenario(
     lines = readme.read_text().splitlines()
     assert lines[3] == "- p99: 90.0 (80.0-120) ms, 1.20 (0.90-2.00)x peer.p99 (`one-client`)"
     assert lines[4] == table.END and lines[-1] == "## Next"  # a scenario not run: no line
+
+
+def test_the_install_measured_is_named(tmp_path: Path) -> None:
+    """benchkit/install.py: the README's install steps are what `bench.py venv` runs, and a
+    results line says whether the interpreter measured holds more than the runtime
+    dependencies (this test venv holds the test extra: pandas among them)."""
+    from benchkit import install
+
+    steps = install.readme_install_steps()
+    assert steps[-1] == "pip install -e ." and steps[0].startswith("pip install torch==")
+    said = install.describe(sys.executable)
+    assert said["ours_python"] == sys.executable
+    extra = said["ours_extra_packages"]
+    assert isinstance(extra, list)
+    assert said["ours_install"] == f"runtime dependencies and {len(extra)} more packages"
+    assert {"pytest", "pandas", "openai"} <= set(extra)  # the test extra's
+    # what the server needs, directly or through its dependencies, is not extra
+    assert not {"torch", "fastapi", "sentence-transformers", "scikit-learn", "uvicorn"} & set(extra)

@@ -213,6 +213,26 @@ def test_metrics_count_requests_inputs_tokens_and_models(secured: RemoteServer) 
     assert delta("openai_compat_forward_seconds_total", model=MODEL) > 0
 
 
+def test_the_process_memory_and_collections_once_ready(secured: RemoteServer) -> None:
+    """Collection, paused while the server imports (models/memory.py), runs again once it is
+    ready: requests make garbage and generation 0 is collected; the resident memory /metrics
+    reports is the process's own."""
+    headers = {"Authorization": "Bearer key-one"}
+    before = httpx.get(secured.url + "/metrics").text
+    for i in range(20):
+        r = httpx.post(
+            secured.base_url + "/embeddings",
+            json={"model": MODEL, "input": [f"collections {i} {j}" for j in range(8)]},
+            headers=headers,
+        )
+        assert r.status_code == 200
+    after = httpx.get(secured.url + "/metrics").text
+    gen0 = "python_gc_collections_total"
+    assert _metric(after, gen0, generation="0") > _metric(before, gen0, generation="0")
+    reported = _metric(after, "process_resident_memory_bytes") / 1024
+    assert abs(reported - _rss_kib(secured.proc.pid)) < 0.1 * reported
+
+
 @pytest.fixture(scope="module")
 def debug_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("reliability") / "debug.toml"

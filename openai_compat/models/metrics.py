@@ -1,5 +1,7 @@
 """Prometheus metrics, one registry per app (no process globals): requests by route, model and
-status, latency, inputs and tokens, queued and in-flight work per model, load times."""
+status, latency, inputs and tokens, queued and in-flight work per model, load times; and, for
+the HTTP server's own process, its resident memory, CPU time and garbage collections (the
+standard process_* and python_gc_* series)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -162,7 +166,9 @@ class _ModelState(Collector):
 
 
 class Metrics:
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, process: bool = False) -> None:
+        """process: also this process's memory, CPU and collections (the HTTP server's;
+        a Ray replica's copy into Ray's metrics leaves them to Ray's own)."""
         # `*_created` timestamp series double the output for no use here.
         disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
@@ -221,6 +227,9 @@ class Metrics:
             "openai_compat_requests_in_flight", "HTTP requests being served.", registry=r
         )
         r.register(_ModelState(registry))
+        if process:
+            ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, fds
+            GCCollector(registry=r)  # python_gc_collections_total by generation
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

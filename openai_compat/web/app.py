@@ -185,7 +185,7 @@ def create_app(
     app.state.bodies = bodies
     app.state.batches = batches
     app.state.tenants = tenants
-    metrics = Metrics(registry)
+    metrics = Metrics(registry, process=True)
     app.state.metrics = metrics
     install_error_handlers(app)
 

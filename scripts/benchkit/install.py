@@ -86,13 +86,13 @@ def describe(python: str = OURS_PYTHON) -> dict[str, object]:
     if beyond is None:
         kind = "unknown"
     elif beyond:
-        shown = ", ".join(beyond[:8]) + (", ..." if len(beyond) > 8 else "")
-        kind = f"runtime dependencies and {len(beyond)} more packages ({shown})"
+        kind = f"runtime dependencies and {len(beyond)} more packages"
     else:
         kind = "runtime dependencies only (a user's install)"
     return {
         "ours_python": python,
         "ours_install": kind,
+        "ours_extra_packages": beyond,
         "bytecode": "compiled before the first round (as pip's install leaves it)",
     }
 
