@@ -143,6 +143,7 @@ def serve(settings: Settings) -> int:
 
     # No collections while the imports below make their 800k lasting objects (memory.py).
     memory.pause_collection()
+    memory.before_engine_import()  # MKL keeps no per-thread GEMM buffers
     # Thread pools sized to the CPUs we may use (affinity, cgroup quota) before torch starts.
     cpus.size_pools()
     # The engine's imports (torch, transformers: seconds) start now, beside the web stack's.

@@ -90,6 +90,16 @@ def weights_mapped() -> Iterator[None]:
             libc.mallopt(_M_TRIM_THRESHOLD, 2 * _RUNNING)  # as glibc's dynamic rule would
 
 
+def before_engine_import(environ: Any = os.environ) -> None:
+    """Before torch is imported: MKL's own memory manager off (MKL_DISABLE_FAST_MM=1) unless
+    the operator set it. It keeps every thread's GEMM buffers for reuse, and the server runs
+    more threads through GEMMs than one encode call does (two forward lanes, each with its
+    OpenMP team). Measured on 2 cores, MiniLM, 16 texts x 32 in flight for 15 s: resident
+    memory after the run 675-676 MiB with it off against 691-692 on, throughput 503/488
+    sentences/s against 487/453 (two alternated rounds)."""
+    environ.setdefault("MKL_DISABLE_FAST_MM", "1")
+
+
 def pause_collection() -> None:
     """No garbage collection while the server starts (until freeze_imports). Importing torch,
     transformers and the web stack makes about 800,000 objects that live as long as the
