@@ -69,3 +69,27 @@ def test_an_operators_threshold_is_left_alone(monkeypatch: pytest.MonkeyPatch) -
     with memory.weights_mapped():
         pass
     assert calls == []
+
+
+def test_collection_paused_at_start_runs_again_with_the_imports_frozen() -> None:
+    """cli.serve pauses collection while it imports; once the imports are done (or no model
+    is to load) collection runs again with what exists then frozen out of it."""
+    import gc
+
+    from openai_compat.models import memory
+
+    assert gc.isenabled()
+    frozen = gc.get_freeze_count()
+    try:
+        memory.pause_collection()
+        assert not gc.isenabled()
+        made = [[] for _ in range(1000)]  # lasting objects made while paused
+        memory.resume_collection()
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= frozen + len(made)
+        before = gc.get_freeze_count()
+        memory.resume_collection()  # running already: nothing more is frozen
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()
+        gc.enable()

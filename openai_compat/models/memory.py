@@ -121,6 +121,14 @@ def freeze_imports() -> None:
     gc.enable()
 
 
+def resume_collection() -> None:
+    """Where no engine is imported and no model loaded (every model given built): collection
+    back on if pause_collection stopped it, the imports frozen out of it as freeze_imports
+    does. Nothing if it runs."""
+    if not gc.isenabled():
+        freeze_imports()
+
+
 def release() -> None:
     """After dropping a model: collect its cycles, empty torch's device caches, trim."""
     gc.collect()

@@ -143,6 +143,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loader = None
         if registry.complete:
+            memory.resume_collection()
             registry.choose_defaults(settings.default_models())
             lifecycle.ready()
         else:

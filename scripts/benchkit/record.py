@@ -69,13 +69,35 @@ def _memory_gib() -> float | None:
     return None
 
 
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
+# Run by the interpreter that runs our server (benchkit/install.py's OURS_PYTHON): the
+# versions a result depends on are that install's, not the driver's.
+_VERSIONS = """
+import json, platform, sys
+from importlib.metadata import PackageNotFoundError, version
+found = {"python": platform.python_version()}
+for package in sys.argv[1:]:
+    try:
+        found[package] = version(package)
+    except PackageNotFoundError:
+        pass
+print(json.dumps(found))
+"""
+
+
+def _versions(packages: tuple[str, ...]) -> dict[str, str]:
+    from benchkit.install import OURS_PYTHON
 
     try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
+        out = subprocess.run(
+            [OURS_PYTHON, "-c", _VERSIONS, *packages],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return dict(json.loads(out.stdout))
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {}
 
 
 def _infinity_version() -> str | None:
@@ -98,8 +120,7 @@ def environment() -> dict[str, Any]:
     """Where a run ran: the machine, the library versions, the commit (dirty if the code
     had changes), the date."""
     packages = ("openai-compat", "torch", "transformers", "sentence-transformers", "numpy")
-    versions = {p: _version(p) for p in packages}
-    versions["python"] = platform.python_version()
+    versions: dict[str, str | None] = {**_versions(packages)}
     versions["infinity-emb"] = _infinity_version()
     return {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),

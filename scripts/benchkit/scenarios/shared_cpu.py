@@ -337,6 +337,14 @@ FIGURES = [
         "lower",
         "quiet.infinity-server.anon_mib",
     ),
+    Figure(
+        "neighbour.default.rss_mib",
+        "memory after the loaded run beside a busy core",
+        "MiB",
+        "lower",
+        "neighbour.infinity-server.rss_mib",
+        1.0,
+    ),
     Figure("quiet.library", "the library's bulk encode, quiet", "sentences/s"),
     Figure(
         "neighbour.library-best",
