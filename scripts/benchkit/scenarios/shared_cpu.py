@@ -4,7 +4,8 @@ off), 32 requests in flight, the server unpinned on all the cores it is given, q
 a busy process pinned to CPU 1 for the whole run. Variants differ only in the server's
 environment; rounds alternate their order. Loopback only; every run is bounded in time.
 
-    python scripts/shared_cpu.py [ROUNDS] [quiet,neighbour] [default,passive,spin,spin10k,omp1]
+    python scripts/bench.py run shared-cpu [--rounds N] [--conditions quiet,neighbour]
+        [--variants default,library,...]   (the variants:)
 
     default  the server as it starts itself: the native engine, OpenMP's idle threads
              spinning briefly before they sleep (cpus.SPIN_COUNT)
@@ -14,12 +15,18 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
     spin10k  a short spin (GOMP_SPINCOUNT=10000) before sleeping: the default, named
     omp1     one OpenMP thread, spinning as libgomp does by default
     arenas2  MALLOC_ARENA_MAX=2: glibc's heap in two arenas, not one per thread
+    arenas1  MALLOC_ARENA_MAX=1: one arena for every thread
+    mkl-fastmm
+             MKL_DISABLE_FAST_MM=0: MKL's per-thread GEMM buffers kept, as before the
+             server turned them off (models/memory.py)
     native   engine = "native" named in a config (the default since #39), run by
              $OURS_PYTHON (benchkit/install.py) as every
              variant of ours is
     native-onnx, native-openvino
              the same with backend = "onnx" / "openvino" (engine/exported.py; the export is
              made on the first start, in $HF_HOME/openai-compat-exports, and reused)
+    native-lanes1
+             the native engine with forward_lanes = 1 (one forward pass at a time)
     native-bf16
              the native engine with dtype = "bfloat16": half the FLOP cost on a CPU with
              AVX-512 BF16 (or AMX), vectors no longer within 1e-5 of the fp32 library's
@@ -68,11 +75,14 @@ VARIANTS = {
     "spin10k": {"GOMP_SPINCOUNT": "10000"},
     "omp1": {**SPIN, "OMP_NUM_THREADS": "1"},
     "arenas2": {"MALLOC_ARENA_MAX": "2"},
+    "arenas1": {"MALLOC_ARENA_MAX": "1"},
+    "mkl-fastmm": {"MKL_DISABLE_FAST_MM": "0"},  # MKL's per-thread buffers, as before #56
     # start() writes the config file
     "native": {"OPENAI_COMPAT_CONFIG": "native"},
     "native-onnx": {"OPENAI_COMPAT_CONFIG": "native-onnx"},
     "native-openvino": {"OPENAI_COMPAT_CONFIG": "native-openvino"},
     "native-bf16": {"OPENAI_COMPAT_CONFIG": "native-bf16"},
+    "native-lanes1": {"OPENAI_COMPAT_CONFIG": "native-lanes1"},
     "infinity": {"OPENAI_COMPAT_CONFIG": "infinity"},
     "infinity-server": {},
     # one_run: no server
@@ -86,16 +96,18 @@ model = "builtin:all-MiniLM-L6-v2"
 engine = "native"
 backend = "{backend}"
 dtype = "{dtype}"
+forward_lanes = {lanes}
 """
 INFINITY_TOML = """[[models]]
 model = "builtin:all-MiniLM-L6-v2"
 engine = "torch"
 """
-NATIVE_BACKENDS = {
-    "native": ("torch", "auto"),
-    "native-onnx": ("onnx", "auto"),
-    "native-openvino": ("openvino", "auto"),
-    "native-bf16": ("torch", "bfloat16"),
+NATIVE_BACKENDS = {  # backend, dtype, forward lanes (0: the engine's own choice)
+    "native": ("torch", "auto", 0),
+    "native-onnx": ("onnx", "auto", 0),
+    "native-openvino": ("openvino", "auto", 0),
+    "native-bf16": ("torch", "bfloat16", 0),
+    "native-lanes1": ("torch", "auto", 1),
 }
 IN_FLIGHT, PER_REQUEST, SECONDS, WARMUP = 32, 16, 15.0, 4.0
 
@@ -124,10 +136,10 @@ def start(extra: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     python = OURS_PYTHON
     native = NATIVE_BACKENDS.get(env.get("OPENAI_COMPAT_CONFIG", ""))
     if native is not None:
-        backend, dtype = native
-        path = f"/tmp/shared_cpu_{backend}_{dtype}_{os.getpid()}.toml"
+        backend, dtype, lanes = native
+        path = f"/tmp/shared_cpu_{backend}_{dtype}_{lanes}_{os.getpid()}.toml"
         with open(path, "w") as f:
-            f.write(NATIVE_TOML.format(backend=backend, dtype=dtype))
+            f.write(NATIVE_TOML.format(backend=backend, dtype=dtype, lanes=lanes))
         env["OPENAI_COMPAT_CONFIG"] = path
     elif env.get("OPENAI_COMPAT_CONFIG") == "infinity":
         path = f"/tmp/shared_cpu_infinity_{os.getpid()}.toml"
