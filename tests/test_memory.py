@@ -93,3 +93,17 @@ def test_collection_paused_at_start_runs_again_with_the_imports_frozen() -> None
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+def test_mkl_keeps_no_thread_buffers_unless_the_operator_says() -> None:
+    from openai_compat.models import memory
+
+    unset: dict[str, str] = {}
+    memory.before_engine_import(unset)
+    assert unset == {"MKL_DISABLE_FAST_MM": "1"}
+    chosen = {"MKL_DISABLE_FAST_MM": "yes"}
+    memory.before_engine_import(chosen)
+    assert chosen == {"MKL_DISABLE_FAST_MM": "yes"}
+    kept = {"MKL_DISABLE_FAST_MM": "0"}  # MKL reads any value as "off": 0 is removed
+    memory.before_engine_import(kept)
+    assert kept == {}

@@ -17,8 +17,9 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
     arenas2  MALLOC_ARENA_MAX=2: glibc's heap in two arenas, not one per thread
     arenas1  MALLOC_ARENA_MAX=1: one arena for every thread
     mkl-fastmm
-             MKL_DISABLE_FAST_MM=0: MKL's per-thread GEMM buffers kept, as before the
-             server turned them off (models/memory.py)
+             MKL_DISABLE_FAST_MM=0: MKL's per-thread GEMM buffers kept (the server
+             removes the 0, as MKL reads any value as "off"), as before #56 turned them
+             off (models/memory.py)
     native   engine = "native" named in a config (the default since #39), run by
              $OURS_PYTHON (benchkit/install.py) as every
              variant of ours is
