@@ -94,12 +94,13 @@ def before_engine_import(environ: Any = os.environ) -> None:
     """Before torch is imported: MKL's own memory manager off (MKL_DISABLE_FAST_MM=1) unless
     the operator chose. It keeps every thread's GEMM buffers for reuse, and the server runs
     more threads through GEMMs than one encode call does (two forward lanes, each with its
-    OpenMP team). Measured on 2 cores, MiniLM, 16 texts x 32 in flight for 15 s: resident
-    memory after the run 675-676 MiB with it off against 691-692 on, throughput 503/488
-    sentences/s against 487/453 (two alternated rounds). MKL reads the variable's presence,
-    not its value (with MKL_DISABLE_FAST_MM=0 the server held what it holds with 1: 671-676
-    MiB against 675-682), so an operator's 0 (keep MKL's allocator) is removed here and MKL
-    runs as it does by default."""
+    OpenMP team). Measured on 2 cores, MiniLM, 16 texts x 32 in flight for 15 s, resident
+    memory after the run: 675-689 MiB with it off against 684-690 on (0.4-9.5 MiB less in
+    each of 3 alternated rounds; an earlier A/B: 675-676 against 691-692), throughput the
+    same (466-493 sentences/s against 467-478; docs/bench/experiments/). MKL reads the
+    variable's presence, not its value (with MKL_DISABLE_FAST_MM=0 passed through the
+    server held what it holds with 1), so an operator's 0 (keep MKL's allocator) is removed
+    here and MKL runs as it does by default."""
     value = environ.get("MKL_DISABLE_FAST_MM")
     if value is None:
         environ["MKL_DISABLE_FAST_MM"] = "1"
