@@ -28,8 +28,11 @@ import numpy as np
 import orjson
 
 from benchkit.load import _WORDS, Result, Scenario, drive_http
-from benchkit.record import cpu_model
+from benchkit.record import cpu_model, versions
 from benchkit.systems import Server, start_ours, wait_ready
+
+# The packages whose versions the kit's report names (the backends each run depends on).
+_BACKEND_DISTS = ("torch", "onnxruntime", "openvino", "nncf", "sentence-transformers")
 
 LABELS = {
     "minilm": "torch",
@@ -144,6 +147,7 @@ async def grid(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[s
     args_json = {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(args).items()}
     runs = [r.summary() for r in results]
     rows = table(runs, {LABELS[k]: v for k, v in acc.items()}, _meta(args_json))
+    installed = versions(sys.executable, _BACKEND_DISTS)  # systems.start_ours runs this one
     report = {
         "machine": {
             "platform": platform.platform(),
@@ -153,7 +157,7 @@ async def grid(args: argparse.Namespace, out_dir: Path, workdir: Path) -> dict[s
             "server_cpus": sorted(args.server_cpus),
             "generator_cpus": sorted(args.gen_cpus),
         },
-        "versions": _versions(),
+        "versions": {d: installed.get(d, "-") for d in _BACKEND_DISTS},
         "args": args_json,
         "seconds": round(time.time() - started_at, 1),
         "accuracy_vs_torch": {LABELS[k]: v for k, v in acc.items()},
@@ -286,15 +290,3 @@ def plot(rows: list[dict[str, Any]], server_cpus: int, path: Path) -> None:
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for dist in ("torch", "onnxruntime", "openvino", "nncf", "sentence-transformers"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = "-"
-    return out

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +33,6 @@ _BEYOND = r"""
 import importlib.metadata as md, json, sys
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name as cn
-marker_env = {"extra": ""}
 seen, todo = set(), [("openai-compat", frozenset())]
 while todo:
     name, extras = todo.pop()
@@ -98,14 +96,11 @@ def describe(python: str = OURS_PYTHON) -> dict[str, object]:
 
 
 def readme_install_steps() -> list[str]:
-    """The install steps of the README's first command: everything between making the venv
-    and `openai-compat serve`."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"```bash\n(.*?)```", text, re.S)
-    if block is None:
-        raise SystemExit("README.md has no bash block")
-    steps = [s.strip() for s in block.group(1).replace("\\\n", " ").split("&&")]
-    return [s for s in steps if s.startswith("pip install")]
+    """The `pip install` steps of the README's first command (check_install.py reads the
+    command; CI runs all of it on a fresh venv)."""
+    from check_install import readme_first_command
+
+    return [step for step in readme_first_command() if step.startswith("pip install")]
 
 
 def make_venv(folder: Path) -> Path:

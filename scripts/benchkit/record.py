@@ -69,8 +69,7 @@ def _memory_gib() -> float | None:
     return None
 
 
-# Run by the interpreter that runs our server (benchkit/install.py's OURS_PYTHON): the
-# versions a result depends on are that install's, not the driver's.
+# Run by the interpreter whose packages a result depends on: the versions of `packages` there.
 _VERSIONS = """
 import json, platform, sys
 from importlib.metadata import PackageNotFoundError, version
@@ -84,12 +83,12 @@ print(json.dumps(found))
 """
 
 
-def _versions(packages: tuple[str, ...]) -> dict[str, str]:
-    from benchkit.install import OURS_PYTHON
-
+def versions(python: str, packages: tuple[str, ...]) -> dict[str, str]:
+    """The installed versions of `packages` (and "python") in `python`'s environment; those
+    not installed are left out, and nothing where `python` cannot run."""
     try:
         out = subprocess.run(
-            [OURS_PYTHON, "-c", _VERSIONS, *packages],
+            [python, "-c", _VERSIONS, *packages],
             capture_output=True,
             text=True,
             timeout=60,
@@ -100,28 +99,18 @@ def _versions(packages: tuple[str, ...]) -> dict[str, str]:
         return {}
 
 
-def _infinity_version() -> str | None:
-    python = os.environ.get("INFINITY_PYTHON")
-    if not python:
-        return None
-    code = "from importlib.metadata import version; print(version('infinity-emb'))"
-    try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
-    except OSError:
-        return None
-    return out.stdout.strip() or None
-
-
 # What decides a measurement: the package, the tool, the dependencies (not the docs).
 _CODE = ("status", "-s", "--", "openai_compat", "scripts", "pyproject.toml", "requirements")
 
 
-def environment() -> dict[str, Any]:
-    """Where a run ran: the machine, the library versions, the commit (dirty if the code
-    had changes), the date."""
+def environment(python: str = sys.executable) -> dict[str, Any]:
+    """Where a run ran: the machine, the versions of the install that ran our server
+    (`python`), the commit (dirty if the code had changes), the date."""
     packages = ("openai-compat", "torch", "transformers", "sentence-transformers", "numpy")
-    versions: dict[str, str | None] = {**_versions(packages)}
-    versions["infinity-emb"] = _infinity_version()
+    found: dict[str, str] = versions(python, packages)
+    infinity = os.environ.get("INFINITY_PYTHON")
+    if infinity:
+        found["infinity-emb"] = versions(infinity, ("infinity-emb",)).get("infinity-emb", "")
     return {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "commit": _git("rev-parse", "--short", "HEAD") + ("-dirty" if _git(*_CODE) else ""),
@@ -132,7 +121,7 @@ def environment() -> dict[str, Any]:
             "memory_gib": _memory_gib(),
             "gpu": None,
         },
-        "versions": {k: v for k, v in versions.items() if v is not None},
+        "versions": {k: v for k, v in found.items() if v},
     }
 
 
@@ -168,7 +157,8 @@ def write(
     """Append the run's line to results/SCENARIO.jsonl and return it."""
     line = {
         "scenario": scenario,
-        **environment(),
+        # one-client and shared-cpu run ours from OURS_PYTHON (benchkit/install.py) and say so
+        **environment(params.get("ours_python", sys.executable)),
         "params": params,
         "figures": summarise(figures, rounds),
         "rounds": rounds,

@@ -20,9 +20,8 @@ environment; rounds alternate their order. Loopback only; every run is bounded i
              MKL_DISABLE_FAST_MM=0: MKL's per-thread GEMM buffers kept (the server
              removes the 0, as MKL reads any value as "off"), as before #56 turned them
              off (models/memory.py)
-    native   engine = "native" named in a config (the default since #39), run by
-             $OURS_PYTHON (benchkit/install.py) as every
-             variant of ours is
+    native   engine = "native" named in a config (the default since #39); this and every
+             other variant of ours run by $OURS_PYTHON (benchkit/install.py)
     native-onnx, native-openvino
              the same with backend = "onnx" / "openvino" (engine/exported.py; the export is
              made on the first start, in $HF_HOME/openai-compat-exports, and reused)
