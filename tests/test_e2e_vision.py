@@ -283,3 +283,66 @@ def test_a_batch_line_carries_page_images_as_data_uris(
     data = row["response"]["body"]["data"]
     _close(data[0]["embedding"], library["vl"].encode(PAGES[0], prompt_name="document"))
     _close(data[1]["embedding"], library["vl"].encode("red photo"))
+
+
+def _vm(pid: int, key: str) -> int:
+    """A /proc/<pid>/status figure in MiB (VmRSS now, VmHWM the peak since clear_refs)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) // 1024
+    raise KeyError(key)
+
+
+def _page_uri(size: int, color: tuple[int, int, int]) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    page = Image.new("P", (size, size), 0)  # one palette colour: decoded to RGB, 48 MiB
+    page.putpalette(color)
+    page.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_page_images_cannot_pin_gigabytes(srv: RemoteServer, library: dict[str, Any]) -> None:
+    """#61.1, measured on the server process (its peak resident memory reset before each
+    request: /proc's clear_refs). Before the fix 4 maximal pages (4096 x 4096, single colour:
+    a few KB each) took ColPali's server +560 MiB at peak and left +257 MiB resident (a VL
+    embedder's +607 / +385), 12 pages +1.5 GB. Now 12 are refused from their headers, and 4
+    (the default budget) are decoded one at a time and shrunk to what the processor keeps."""
+    pid, url = srv.proc.pid, srv.url + "/v1/embeddings"
+    pages = [_page_uri(4096, (i * 20, 90, 200)) for i in range(12)]
+    assert sum(len(p) for p in pages) < 200_000
+
+    def measured(body: dict[str, Any]) -> tuple[httpx.Response, int, int]:
+        with open(f"/proc/{pid}/clear_refs", "w") as refs:
+            refs.write("5")  # VmHWM := VmRSS
+        before = _vm(pid, "VmRSS")
+        answer = httpx.post(url, json=body, timeout=120)
+        return answer, _vm(pid, "VmHWM") - before, _vm(pid, "VmRSS") - before
+
+    refused, peak, _ = measured({"model": "colpali", "input": pages, "modality": "image"})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "too_large" and "--max-request-pixels" in error["message"]
+    assert error["message"].startswith("input[4]:")  # the page that crossed 64 Mi pixels
+    assert peak < 32, peak
+    for model, count in (("colpali", 3), ("vl", 4)):  # ColPali's: this server's BOUND
+        body = {"model": model, "input": pages[:count], "modality": "image"}
+        answer, peak, kept = measured(body)
+        assert answer.status_code == 200, answer.text
+        # one full-size decode at a time (48 MiB of RGB) and four shrunk pages
+        assert peak < 160 and kept < 64, (model, peak, kept)
+    # A shrunk page's vectors are the library's on the page reduced as decoding reduced it
+    # (by 5, to twice ColPali's 56-pixel side), close to the whole page's.
+    from PIL import Image
+
+    page = Image.fromarray(np.kron(np.asarray(_image(7, (30, 30))), np.ones((20, 20, 1), "uint8")))
+    got = httpx.post(
+        url, json={"model": "colpali", "input": [_uri(page)], "modality": "image"}, timeout=60
+    ).json()["data"][0]
+    rows = np.asarray(got["embedding"], dtype=np.float32).reshape(got["shape"])
+    _close(rows, library["colpali"].encode_document([page.reduce(5)])[0].numpy())
+    whole = library["colpali"].encode_document([page])[0].numpy()
+    cosines = (rows * whole).sum(1) / np.linalg.norm(rows, axis=1) / np.linalg.norm(whole, axis=1)
+    assert cosines.min() > 0.995, cosines.min()

@@ -359,3 +359,67 @@ async def test_only_the_accepted_image_formats_are_opened() -> None:
             assert info.value.param == "input", fmt
     finally:
         await f.close()
+
+
+def _encoded(size: tuple[int, int], fmt: str = "PNG") -> bytes:
+    import io
+
+    from PIL import Image
+
+    img = Image.new("RGB", size, (40, 90, 160))
+    img.paste((250, 250, 0), (0, 0, size[0] // 3, size[1] // 3))  # not one colour
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+async def test_a_requests_pixels_are_budgeted_from_headers_before_any_decode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """#61.1: a single-colour 4096 x 4096 page is a few KB; five of them declare 84 Mpx. The
+    request is refused from the headers, naming the image that crossed the budget and the
+    option, and nothing is decoded."""
+    page = _encoded((4096, 4096))
+    assert len(page) < 100_000
+    decoded: list[int] = []
+    real = media._decode_image
+
+    def spy(index: int, *args: object) -> object:
+        decoded.append(index)
+        return real(index, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(media, "_decode_image", spy)
+    f = MediaFetcher(allow_private=False, max_bytes=1_000_000, timeout=5.0)
+    try:
+        with pytest.raises(BadRequest) as info:
+            await f.fetch_all([data_uri(page, "image/png")] * 5, "image", image_side=56)
+        assert info.value.message.startswith("input[4]:"), info.value.message
+        assert "--max-request-pixels" in info.value.message and "83886080" in info.value.message
+        assert info.value.code == "too_large" and decoded == []
+        # four are within the default budget (64 Mi pixels): decoded one after the other
+        images = await f.fetch_all([data_uri(page, "image/png")] * 4, "image", image_side=56)
+        assert decoded == [0, 1, 2, 3] and len(images) == 4
+    finally:
+        await f.close()
+
+
+async def test_images_are_shrunk_to_the_side_the_processor_keeps_as_they_decode() -> None:
+    """Shrunk by whole factors, never below twice `image_side` on the shortest side; the original
+    size stays in the image's metadata (Cohere reports it). JPEG through its DCT draft."""
+    f = MediaFetcher(allow_private=False, max_bytes=4_000_000, timeout=5.0)
+    try:
+        png_page, jpeg_page = _encoded((2000, 1000)), _encoded((4000, 3000), "JPEG")
+        (small,) = await f.fetch_all([data_uri(png_page, "image/png")], "image", None, 112)
+        assert small.size == (500, 250)  # reduced by 4: 1000 // (2 x 112)
+        assert small.info[media.IMAGE_META]["width"] == 2000
+        (jpeg,) = await f.fetch_all([data_uri(jpeg_page, "image/jpeg")], "image", None, 224)
+        assert jpeg.size == (1000, 750)  # the DCT's 1/4 scale (1/8 would go under 448)
+        assert jpeg.info[media.IMAGE_META] == {
+            "width": 4000, "height": 3000, "format": "jpeg", "bit_depth": 8,
+        }  # fmt: skip
+        (whole,) = await f.fetch_all([data_uri(png_page, "image/png")], "image")
+        assert whole.size == (2000, 1000)  # no side known: decoded as it is
+        (near,) = await f.fetch_all([data_uri(png_page, "image/png")], "image", None, 300)
+        assert near.size == (2000, 1000)  # under 4x the side: left whole
+    finally:
+        await f.close()

@@ -79,7 +79,7 @@ def test_each_folder_is_read_by_the_class_its_own_files_name(folders: dict[str, 
         "gemma3": "SentenceTransformer",
     }
     for name, folder in folders.items():
-        archs = native._architectures(str(folder), None, False)
+        archs = classes.architectures(str(folder), None, False)
         assert classes.model_class(config(folder), str(folder), archs) == expected[name], name
 
 

@@ -44,7 +44,9 @@ class Recorder:
 
 
 class Fetcher:
-    async def fetch_all(self, items: list[str], modality: str, rate: int | None) -> list[Any]:
+    async def fetch_all(
+        self, items: list[str], modality: str, rate: int | None, side: int | None = None
+    ) -> list[Any]:
         return [SimpleNamespace(info={}) for _ in items]
 
 

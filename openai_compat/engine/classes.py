@@ -86,3 +86,28 @@ def _check_splade(model: Any) -> None:
             f"kind = 'sparse' needs a SPLADE model (a masked-LM folder, or sentence-"
             f"transformers sparse modules with SpladePooling); this folder gives {found}"
         )
+
+
+def architectures(source: str, revision: str | None, trust_remote_code: bool) -> list[str]:
+    """The folder's (or hub id's) config architectures."""
+    local = folders.architectures(source)
+    if local is not None:
+        return local
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(
+        source, revision=revision, trust_remote_code=trust_remote_code
+    )
+    return [str(a) for a in getattr(config, "architectures", None) or []]
+
+
+def check_library() -> None:
+    """The native engine's floor: sentence-transformers 6's stages (preprocess, forward)."""
+    from importlib.metadata import version
+
+    found = version("sentence-transformers")
+    if int(found.split(".")[0]) < 6:
+        raise ValueError(
+            f"the native engine needs sentence-transformers >= 6 (installed: {found}); this "
+            "environment is infinity-emb's (requirements/infinity.txt): use engine = 'torch'"
+        )

@@ -120,6 +120,11 @@ class Engine(Protocol):
         """Tokens one image is to the model (a ViT's patches and class token)."""
         ...
 
+    def image_side(self) -> int | None:
+        """The shortest side an image keeps for the model's processor (images are shrunk
+        towards it as they are decoded); None where it is not known (decoded at full size)."""
+        ...
+
     def pooling_mode(self) -> str | None:
         """The embedder's pooling ("mean", "cls", ...); None where it has no Pooling."""
         ...

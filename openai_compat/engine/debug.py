@@ -44,6 +44,7 @@ class DebugRunner:
     exported = None
     sparse_size: int | None = None
     image_tokens = 0
+    image_side: int | None = None
     sampling_rate: int | None = None
     threads = 1
 

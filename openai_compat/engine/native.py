@@ -277,6 +277,9 @@ class NativeEngine:
     def image_tokens(self) -> int:
         return int(self.runner.image_tokens)
 
+    def image_side(self) -> int | None:
+        return self.runner.image_side
+
     @property
     def pooled(self) -> bool:  # one vector per input from a Pooling module
         return self.kind == "embedder" and not self.runner.multivector
@@ -307,18 +310,6 @@ class NativeEngine:
 # ---------------------------------------------------------------- loading
 
 
-def _architectures(source: str, revision: str | None, trust_remote_code: bool) -> list[str]:
-    local = folders.architectures(source)
-    if local is not None:
-        return local
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(
-        source, revision=revision, trust_remote_code=trust_remote_code
-    )
-    return [str(a) for a in getattr(config, "architectures", None) or []]
-
-
 def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEngine:
     """Build (load the weights of) the engine for one configured model, its forward pass on
     torch or on an export (`config.backend`; exported.py); `engine = "debugengine"`: no model
@@ -330,9 +321,9 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
             batch_size=config.batch_size,
             max_batch_tokens=config.max_batch_tokens,
         )
-    _check_library()
+    classes.check_library()
     source = str(config.source)
-    archs = _architectures(source, config.revision, config.trust_remote_code)
+    archs = classes.architectures(source, config.revision, config.trust_remote_code)
     device = None if config.device == "auto" else config.device
     options: dict[str, Any] = dict(
         device=device, revision=config.revision, trust_remote_code=config.trust_remote_code
@@ -386,15 +377,3 @@ def lanes(config: Any, runner: TextRunner) -> int:
         return int(config.forward_lanes)
     on_cpu = getattr(getattr(runner.model, "device", None), "type", "cpu") == "cpu"
     return 2 if runner.tunable_threads() > 1 and on_cpu and not config.compile else 1
-
-
-def _check_library() -> None:
-    """The native engine's floor: sentence-transformers 6's stages (preprocess, forward)."""
-    from importlib.metadata import version
-
-    found = version("sentence-transformers")
-    if int(found.split(".")[0]) < 6:
-        raise ValueError(
-            f"the native engine needs sentence-transformers >= 6 (installed: {found}); this "
-            "environment is infinity-emb's (requirements/infinity.txt): use engine = 'torch'"
-        )

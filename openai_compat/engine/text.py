@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from openai_compat.engine import limits
 from openai_compat.engine.rows import NotPerInput, Row, collate, group_of, split_rows
 from openai_compat.engine.usage import TokenCountedArray, TokenIds, unit_rows
 
@@ -69,6 +70,9 @@ class TextRunner:
         size, patch = getattr(vision, "image_size", 0), getattr(vision, "patch_size", 0)
         # Tokens one image is to a ViT: its patches and a class token.
         self.image_tokens = (size // patch) ** 2 + 1 if size and patch else 0
+        # what decoding may shrink an image to (formats/media.py) for the model's processor
+        processor = getattr(model[0], "processor", None)
+        self.image_side = limits.image_side(processor) if processor is not None else None
         # what the library's model takes: "text", "image", "audio", and "message" for a model
         # that renders its inputs through its chat template (prompts become a system message)
         self.modalities = set(getattr(model, "modalities", None) or ["text"])

@@ -7,8 +7,16 @@ rebinding cannot slip between check and connect), on IP literals in every spelli
 resolver accepts (`127.1`, `2130706433`, `0x7f.1`, `0177.0.0.1`, IPv4 inside IPv6), and again
 on every redirect, which are followed by hand. Each item has a byte cap, images a pixel cap
 checked before decoding and audio a duration cap; one deadline covers a whole fetch with its
-redirects. Items of a request are fetched and decoded as one task group: when one fails, the
-others are cancelled. Every failure is a 400 that names the input's index.
+redirects. Items of a request are fetched as one task group: when one fails, the others are
+cancelled. Every failure is a 400 that names the input's index.
+
+Memory: a few KB of PNG or WEBP can declare a 16-megapixel page, so what decoding costs is
+bounded before any decode. A request's images are read from their headers first and their
+pixels summed against a per-request budget (`max_request_pixels`); then they are decoded one
+at a time on a small pool, each shrunk as it is decoded to twice the shortest side the model's
+processor keeps (JPEG's DCT draft mode, then a whole-factor box reduce), so a request holds one
+full-size image at most and the processor never copies a page at full size. Heap that decoding
+freed is handed back to the system after a large request (glibc keeps it otherwise).
 
 The address rules are in addresses.py; the connection (aiohttp, loaded on the first URL
 fetched) in media_client.py.
@@ -22,12 +30,14 @@ import binascii
 import concurrent.futures
 import functools
 import io
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urljoin, urlsplit
 
 from openai_compat.formats.addresses import RefusedAddress, canonical_ip, is_public_address
+from openai_compat.ground import heap
 from openai_compat.ground.errors import BadRequest
 
 if TYPE_CHECKING:
@@ -74,6 +84,12 @@ class MediaLimits:
 
     max_pixels: int
     max_audio_seconds: float
+    max_request_pixels: int = 67_108_864
+
+
+# Past this many pixels decoded in one request, the heap it freed is trimmed afterwards
+# (a 2-megapixel RGB image is 6 MB; glibc keeps freed blocks under its 32 MiB mmap threshold).
+_TRIM_AFTER_PIXELS = 2_000_000
 
 
 class MediaFetcher:
@@ -87,13 +103,14 @@ class MediaFetcher:
         timeout: float,
         max_pixels: int = 16_777_216,
         max_audio_seconds: float = 60.0,
+        max_request_pixels: int = 67_108_864,
         concurrency: int = 16,
         decoders: int = 2,
     ) -> None:
         self.allow_private = allow_private
         self.max_bytes = max_bytes
         self.timeout = timeout
-        self.limits = MediaLimits(max_pixels, max_audio_seconds)
+        self.limits = MediaLimits(max_pixels, max_audio_seconds, max_request_pixels)
         self._limit = asyncio.Semaphore(concurrency)
         self._session: aiohttp.ClientSession | None = None
         # Decoding has a pool of its own: big images cannot starve the shared thread pool
@@ -117,30 +134,48 @@ class MediaFetcher:
         self._decoders.shutdown(wait=False, cancel_futures=True)
 
     async def fetch_all(
-        self, items: Sequence[str], modality: Modality, sampling_rate: int | None = None
+        self,
+        items: Sequence[str],
+        modality: Modality,
+        sampling_rate: int | None = None,
+        image_side: int | None = None,
     ) -> list[Any]:
-        """Every item fetched and decoded concurrently; the first failure is a 400 and cancels
-        the other items' fetches and pending decodes."""
+        """Every item fetched (concurrently: the first failure is a 400 and cancels the other
+        fetches), then checked from its header and decoded one at a time. `image_side`: the
+        shortest side the model's processor keeps (images are shrunk towards it as they are
+        decoded; None: decoded at full size)."""
         try:
             async with asyncio.TaskGroup() as group:
-                tasks = [
-                    group.create_task(self._one(i, item, modality, sampling_rate))
-                    for i, item in enumerate(items)
-                ]
+                tasks = [group.create_task(self._raw(i, item)) for i, item in enumerate(items)]
         except BaseExceptionGroup as failed:
             raise _first_error(failed) from None
-        return [t.result() for t in tasks]
+        raws = [t.result() for t in tasks]
+        loop = asyncio.get_running_loop()
+        if modality == "audio":
+            return [
+                await loop.run_in_executor(
+                    self._decoders, _decode_audio, i, raw, sampling_rate, self.limits
+                )
+                for i, raw in enumerate(raws)
+            ]
+        # Headers first: nothing is decoded for a request over its budget.
+        pixels = await loop.run_in_executor(self._decoders, _image_pixels, raws, self.limits)
+        images = []
+        try:
+            for i in range(len(raws)):
+                decode = functools.partial(_decode_image, i, raws[i], self.limits, image_side)
+                images.append(await loop.run_in_executor(self._decoders, decode))
+                raws[i] = b""  # a file's bytes go as soon as its image is made
+        finally:
+            if pixels >= _TRIM_AFTER_PIXELS:  # full-size decodes freed what glibc would keep
+                loop.run_in_executor(self._decoders, heap.trim)
+        return images
 
-    async def _one(
-        self, index: int, item: str, modality: Modality, sampling_rate: int | None
-    ) -> Any:
+    async def _raw(self, index: int, item: str) -> bytes:
         if item.startswith("data:"):
-            raw = self._data_uri(index, item)
-        else:
-            async with self._limit:
-                raw = await self._download(index, item)
-        decode = functools.partial(_decode, index, raw, modality, sampling_rate, self.limits)
-        return await asyncio.get_running_loop().run_in_executor(self._decoders, decode)
+            return self._data_uri(index, item)
+        async with self._limit:
+            return await self._download(index, item)
 
     def _data_uri(self, index: int, uri: str) -> bytes:
         header, sep, payload = uri[5:].partition(",")
@@ -237,42 +272,81 @@ IMAGE_META = "openai_compat_meta"
 _BIT_DEPTHS = {"1": 1, "I;16": 16, "I;16B": 16, "I;16L": 16, "I": 32, "F": 32}
 
 
-def _decode(
-    index: int, raw: bytes, modality: Modality, sampling_rate: int | None, limits: MediaLimits
-) -> Any:
-    """Validate (and for images, decode) media before it reaches the engine."""
-    if modality == "image":
-        from PIL import Image
+def _open_image(index: int, raw: bytes, limits: MediaLimits) -> Any:
+    """The image's header read (nothing decoded), its size checked against the per-image cap."""
+    from PIL import Image
 
-        try:
-            # only the formats the server accepts: Pillow's rarer decoders (PSD, FITS, PCF...)
-            # were this year's vectors, and no client sends them
-            img = Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)  # reads the header only
-        except Image.DecompressionBombError:  # Pillow's own, far higher, limit
-            raise MediaError(index, _too_many_pixels(None, limits), "too_large") from None
-        except Exception:
+    try:
+        # only the formats the server accepts: Pillow's rarer decoders (PSD, FITS, PCF...)
+        # were this year's vectors, and no client sends them
+        img = Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)  # reads the header only
+    except Image.DecompressionBombError:  # Pillow's own, far higher, limit
+        raise MediaError(index, _too_many_pixels(None, limits), "too_large") from None
+    except Exception:
+        raise MediaError(
+            index,
+            f"the content is not an image we can decode (accepted: {', '.join(IMAGE_FORMATS)})",
+        ) from None
+    # A few KiB of PNG can declare gigapixels: check the size before decoding anything.
+    if img.width * img.height > limits.max_pixels:
+        raise MediaError(index, _too_many_pixels(img.size, limits), "too_large")
+    return img
+
+
+def _image_pixels(raws: Sequence[bytes], limits: MediaLimits) -> int:
+    """The pixels a request's images declare, summed from their headers; over the request's
+    budget a 400 names the image that crossed it and the option."""
+    total = 0
+    for i, raw in enumerate(raws):
+        img = _open_image(i, raw, limits)
+        total += img.width * img.height
+        img.close()
+        if total > limits.max_request_pixels:
             raise MediaError(
-                index,
-                f"the content is not an image we can decode (accepted: {', '.join(IMAGE_FORMATS)})",
-            ) from None
-        # A few KiB of PNG can declare gigapixels: check the size before decoding anything.
-        if img.width * img.height > limits.max_pixels:
-            raise MediaError(index, _too_many_pixels(img.size, limits), "too_large")
-        try:
-            img.load()
-        except Exception:
-            raise MediaError(index, "the content is not an image we can decode") from None
-        if img.width < 3 or img.height < 3:
-            raise MediaError(index, f"the image is {img.width}x{img.height}; at least 3x3")
-        meta = {
-            "width": img.width,
-            "height": img.height,
-            "format": (img.format or "unknown").lower(),
-            "bit_depth": _BIT_DEPTHS.get(img.mode, 8),
-        }
-        out = img.convert("RGB") if img.mode not in ("RGB", "L") else img
-        out.info[IMAGE_META] = meta
-        return out
+                i,
+                f"the request's images come to {total} pixels by this one; at most "
+                f"{limits.max_request_pixels} are decoded for one request (the server's "
+                "--max-request-pixels): send fewer or smaller images a request",
+                "too_large",
+            )
+    return total
+
+
+def _decode_image(index: int, raw: bytes, limits: MediaLimits, side: int | None) -> Any:
+    """One image decoded, in RGB or L, shrunk as it is decoded towards twice `side` (the
+    shortest side the model's processor keeps) and never below: the processor's own
+    resampling still does the last step of at least 2x, so what it makes stays within float
+    noise of what it makes from the whole image (a box filter all the way down would not)."""
+    img = _open_image(index, raw, limits)
+    meta = {
+        "width": img.width,
+        "height": img.height,
+        "format": (img.format or "unknown").lower(),
+        "bit_depth": _BIT_DEPTHS.get(img.mode, 8),
+    }
+    keep = 2 * side if side else 0
+    if keep and min(img.size) >= 2 * keep:
+        # JPEG decodes at 1/2, 1/4 or 1/8 scale in its DCT (never below the size asked)
+        scale = keep / min(img.size)
+        img.draft(None, (math.ceil(img.width * scale), math.ceil(img.height * scale)))
+    try:
+        img.load()
+    except Exception:
+        raise MediaError(index, "the content is not an image we can decode") from None
+    if img.width < 3 or img.height < 3:
+        raise MediaError(index, f"the image is {img.width}x{img.height}; at least 3x3")
+    out = img.convert("RGB") if img.mode not in ("RGB", "L") else img
+    factor = min(out.size) // keep if keep else 1
+    if factor >= 2:  # a whole-factor box filter: every source pixel counted
+        out = out.reduce(factor)
+    out.info[IMAGE_META] = meta
+    return out
+
+
+def _decode_audio(
+    index: int, raw: bytes, sampling_rate: int | None, limits: MediaLimits
+) -> DecodedAudio:
+    """Validate an audio file from its header, then decode it."""
     import soundfile
 
     try:

@@ -198,6 +198,13 @@ class Settings(BaseModel):
         "is decoded (decompression bombs).",
         ge=9,
     )
+    max_request_pixels: int = _opt(
+        67_108_864,
+        "Most pixels (width x height, summed over its images) one request may have decoded; "
+        "checked from the images' headers before any is decoded. Each image is then shrunk "
+        "to what the model's processor keeps as it is decoded, one at a time.",
+        ge=9,
+    )
     max_multivector_values: int = _opt(
         4_194_304,
         "Most vector values (vectors x dimensions) one request may get back from a "

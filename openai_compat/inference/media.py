@@ -34,7 +34,7 @@ async def embed_media(
     urls = [item[0] if isinstance(item, tuple) else item for item in items]
     with entry.admit(len(items), settings.max_queued_inputs):
         try:
-            payloads = await fetcher.fetch_all(urls, modality, rate)
+            payloads = await fetcher.fetch_all(urls, modality, rate, entry.image_side)
         except MediaError as exc:
             raise exc.renamed(*names(exc.index)) from None
         inputs = [

@@ -136,7 +136,7 @@ async def _by_pairs(
     urls = [docs[i].image or "" for i in pictured]
     with entry.admit(len(docs), settings.max_queued_inputs):
         try:
-            payloads = await fetcher.fetch_all(urls, "image")
+            payloads = await fetcher.fetch_all(urls, "image", image_side=entry.image_side)
         except MediaError as exc:
             raise exc.renamed(docs_param, f"{docs_param}[{pictured[exc.index]}]") from None
         given: list[object] = [d.text or "" for d in docs]

@@ -3,19 +3,18 @@ the size of a model's weight files (what it costs before it was ever loaded)."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import itertools
 import os
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from openai_compat.frame.settings import ModelConfig
+from openai_compat.ground.heap import libc as _libc
+from openai_compat.ground.heap import trim
 
 _WEIGHTS = (".safetensors", ".bin", ".onnx", ".pt", ".pth", ".xml", ".h5", ".msgpack")
 
@@ -27,27 +26,6 @@ def rss() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-
-
-@cache
-def _libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    name = ctypes.util.find_library("c") or "libc.so.6"
-    try:
-        libc = ctypes.CDLL(name)
-        libc.malloc_trim  # noqa: B018 (glibc only: musl has none)
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-def trim() -> None:
-    """Give glibc's freed arenas back to the system (it keeps them otherwise, so an unloaded
-    model's memory would stay resident)."""
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
 
 
 # glibc's mallopt parameters and the two thresholds we use. Blocks of at least the mmap

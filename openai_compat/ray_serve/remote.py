@@ -236,6 +236,7 @@ ENTRY_FIELDS = (
     "exact_token_ids",
     "sparse",
     "image_tokens",
+    "image_side",
     "sampling_rate",
     "cosine_rerank",
     "modalities",

@@ -132,6 +132,7 @@ def create_app(
         max_bytes=settings.max_media_bytes,
         timeout=settings.media_fetch_timeout,
         max_pixels=settings.max_media_pixels,
+        max_request_pixels=settings.max_request_pixels,
         max_audio_seconds=settings.max_audio_seconds,
     )
 

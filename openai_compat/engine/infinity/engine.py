@@ -169,6 +169,9 @@ class InfinityEngine:
     def image_tokens(self) -> int:
         return internals.image_tokens(self.replica)
 
+    def image_side(self) -> int | None:
+        return None  # infinity-emb's processors are its own: images decoded at full size
+
     def _pooled(self) -> bool:
         return self.kind == "embedder" and not internals.multivector(self.replica)
 
