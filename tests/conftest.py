@@ -20,6 +20,10 @@ os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="openai-compat-test-xdg-")
 # ...and exports and calibration caches out of the user's Hugging Face cache (servers of a
 # session share this one, as replicas share a baked image).
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="openai-compat-test-hf-")
+# Served numbers are compared with the library's float32 computation: every server and app of
+# the suite runs float32 unless a test asks for the device's default (OPENAI_COMPAT_DTYPE unset:
+# tests/test_e2e_precision.py).
+os.environ["OPENAI_COMPAT_DTYPE"] = "float32"
 # Nor the network through a client library: litellm fetches its price list from GitHub at
 # import, Haystack sends telemetry.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

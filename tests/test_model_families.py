@@ -45,6 +45,7 @@ def folders(family_folders: dict[str, Path]) -> dict[str, Path]:
 
 
 def config(source: Path, **kw: Any) -> ModelConfig:
+    kw.setdefault("dtype", "float32")  # the library's own computation is the reference
     return ModelConfig(model=str(source), name="m", device="cpu", batch_size=8, **kw)
 
 

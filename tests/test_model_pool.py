@@ -409,7 +409,9 @@ async def test_a_model_is_charged_its_own_tensors_not_what_the_process_grew_by(
     """MiniLM (87 MiB of weights) loads under a 250 MiB budget while the process grows by
     300 MiB more: it is charged its tensors, loads, and the eager model stays loaded (it was
     charged 331 MiB and refused with model_too_large for good)."""
-    minilm = ModelConfig(model=minilm_path, name="minilm", load="lazy", model_warmup=False)
+    minilm = ModelConfig(
+        model=minilm_path, name="minilm", load="lazy", model_warmup=False, dtype="float32"
+    )
     settings = _settings(_debug("eager"), minilm, memory_budget="250MiB")
     async with app_client(settings) as c:
         r = await _embed(c, "minilm", "abc")

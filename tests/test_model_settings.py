@@ -83,6 +83,10 @@ EFFECTS: dict[str, tuple[str, str]] = {
         HERE,
         "test_dtype_casts_the_weights_and_the_vectors_follow",
     ),
+    "dtype_check": (
+        "tests/test_precision.py",
+        "test_dtype_check_false_takes_the_candidate_unchecked",
+    ),
     "pooling_method": (
         "tests/test_pooling.py",
         "test_pooling_method_serves_that_pooling",

@@ -41,7 +41,10 @@ TEXTS = [
 
 def config(source: Path | str, **kw: Any) -> ModelConfig:
     """A model's configuration as the server builds it (its validators included)."""
-    base: dict[str, Any] = dict(model=str(source), name="m", device="cpu", batch_size=8)
+    # float32: the library's own computation is the reference (precision.py's policy aside)
+    base: dict[str, Any] = dict(
+        model=str(source), name="m", device="cpu", batch_size=8, dtype="float32"
+    )
     return ModelConfig(**{**base, **kw})
 
 

@@ -122,6 +122,15 @@ class ModelCard(BaseModel):
         None,
         description="The |value| that int8 embeddings map to 127 (x ~ int8 * range / 127).",
     )
+    dtype: str | None = Field(
+        None, description="Extension: the precision its weights run in (float32, bfloat16...)."
+    )
+    device: str | None = Field(None, description="Extension: cpu, cuda or mps.")
+    precision: dict[str, Any] | None = Field(
+        None,
+        description="Extension: why that dtype (the device's policy, a configured dtype) and "
+        "the quality check's figures against float32 where it ran (min_cosine, agreement).",
+    )
 
 
 class ModelList(BaseModel):

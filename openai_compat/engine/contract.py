@@ -120,6 +120,11 @@ class Engine(Protocol):
         """Tokens one image is to the model (a ViT's patches and class token)."""
         ...
 
+    def precision(self) -> dict[str, Any] | None:
+        """The dtype and device the model runs in, why, and the quality check's figures
+        (engine/precision.py); None where the engine does not say."""
+        ...
+
     def image_side(self) -> int | None:
         """The shortest side an image keeps for the model's processor (images are shrunk
         towards it as they are decoded); None where it is not known (decoded at full size)."""

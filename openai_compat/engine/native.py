@@ -21,6 +21,7 @@ embedder.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from openai_compat.engine import classes, folders, late, limits, pooling
+from openai_compat.engine import classes, folders, late, limits, pooling, precision
 from openai_compat.engine.debug import DebugRunner
 from openai_compat.engine.prep import FairPrep
 from openai_compat.engine.priority import in_background, tenant
@@ -44,7 +45,7 @@ _CAPABILITIES: dict[TextKind, set[str]] = {
     "clip": {"embed", "image_embed"},
     "clap": {"embed", "audio_embed"},
 }
-_DTYPES = ("float32", "float16", "bfloat16")
+logger = logging.getLogger("openai_compat")
 
 
 @dataclass
@@ -85,6 +86,7 @@ class NativeEngine:
             lanes=lanes,
         )
         self._prepare = FairPrep(name)
+        self.verdict: precision.Verdict | None = None  # the dtype it runs in (load sets it)
         self._started = False
         # a multi-vector model's bound on one call's output: (values per token, most values)
         self._output_bound: tuple[int, int] | None = None
@@ -280,6 +282,9 @@ class NativeEngine:
     def image_side(self) -> int | None:
         return self.runner.image_side
 
+    def precision(self) -> dict[str, Any] | None:
+        return self.verdict.card() if self.verdict is not None else None
+
     @property
     def pooled(self) -> bool:  # one vector per input from a Pooling module
         return self.kind == "embedder" and not self.runner.multivector
@@ -328,12 +333,23 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
     options: dict[str, Any] = dict(
         device=device, revision=config.revision, trust_remote_code=config.trust_remote_code
     )
-    if config.dtype in _DTYPES:
-        options["model_kwargs"] = {"dtype": config.dtype}
-    elif config.dtype != "auto":
+    if config.dtype not in (*precision.EXPLICIT, "auto"):
         raise ValueError(f"dtype {config.dtype!r} is not served by the native engine")
+    # "auto": float32 whatever the folder was saved in; precision.decide lowers it where the
+    # device's policy and the quality check say so
+    options["model_kwargs"] = {"dtype": "float32" if config.dtype == "auto" else config.dtype}
     model, kind, multivector = classes.load_model(config, source, archs, options)
     exported: Path | None = None
+    from openai_compat.frame.settings import default_export_dir
+
+    if config.backend == "torch":
+        verdict = precision.decide(
+            model, config, kind, multivector, export_dir or default_export_dir()
+        )
+    else:
+        verdict = precision.Verdict("float32", "cpu", f"the {config.backend} export's")
+    logger.info("model %r: %s on %s (%s)", config.served_name, verdict.dtype, verdict.device,
+                verdict.reason)  # fmt: skip
     if config.backend != "torch":
         if kind != "embedder" or multivector:
             raise ValueError(
@@ -341,7 +357,6 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
                 f"{kind} model (serve it with backend = 'torch')"
             )
         from openai_compat.engine.exported import serve_exported
-        from openai_compat.frame.settings import default_export_dir
 
         exported = serve_exported(model, config, export_dir or default_export_dir(), threads)
     elif config.compile:
@@ -356,13 +371,15 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
         exported=exported,
         modes=type(model).__name__ == "MultiVectorEncoder",
     )
-    return NativeEngine(
+    engine = NativeEngine(
         runner,
         name=config.served_name,
         batch_size=config.batch_size,
         max_batch_tokens=config.max_batch_tokens,
         lanes=lanes(config, runner),
     )
+    engine.verdict = verdict
+    return engine
 
 
 def lanes(config: Any, runner: TextRunner) -> int:

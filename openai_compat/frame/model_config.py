@@ -130,7 +130,18 @@ class ModelConfig(BaseModel):
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     trust_remote_code: bool = Field(False, description="Run code shipped with the model.")
-    dtype: str = Field("auto", description="float32, float16, bfloat16, int8, fp8 or auto.")
+    dtype: str = Field(
+        "auto",
+        description="float32, float16, bfloat16 (as named, unchecked), int8 or fp8 (infinity-emb's "
+        "engines), or auto: engine = 'native' picks per device (CUDA: bfloat16, else float16; a "
+        "CPU with bfloat16 instructions: bfloat16 where the quality check passes; else float32).",
+    )
+    dtype_check: bool = Field(
+        True,
+        description="dtype = 'auto': keep a lower precision only where the probe set ranks as "
+        "in float32 (min cosine and top-10 agreement >= 0.99; cached beside the exports). "
+        "false: take the device's dtype unchecked.",
+    )
     pooling_method: Literal["auto", "mean", "cls"] = Field(
         "auto",
         description="Embedding models: pool token vectors by their mean or take the first "

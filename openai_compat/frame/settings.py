@@ -83,6 +83,12 @@ class Settings(BaseModel):
         "repeatable. With no model at all the packaged all-MiniLM-L6-v2 is served.",
     )
     alias: tuple[str, ...] = _opt((), "Extra name for a served model as ALIAS=NAME; repeatable.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = _opt(
+        "auto",
+        "The precision of every model whose config leaves dtype = 'auto': auto picks per "
+        "device (CUDA: bfloat16, else float16; a CPU with bfloat16 instructions: bfloat16 where "
+        "the model passes the quality check at load; else float32, whatever the folder holds).",
+    )
     default_model: tuple[str, ...] = _opt(
         (),
         "Model for requests that name none (TEI's API, infinity's without 'model') as "
@@ -349,7 +355,12 @@ class Settings(BaseModel):
                     f"--alias points at {target!r}, which is not served; served: {sorted(known)}"
                 )
         configs = [
-            c.model_copy(update={"aliases": (*c.aliases, *extra.get(c.served_name, []))})
+            c.model_copy(
+                update={
+                    "aliases": (*c.aliases, *extra.get(c.served_name, [])),
+                    "dtype": self.dtype if c.dtype == "auto" else c.dtype,
+                }
+            )
             for c in configs
         ]
         check_unique_names(configs)

@@ -51,6 +51,7 @@ class ModelEntry:
     sparse: bool = False  # SPLADE: sparse vectors (sparse.SparseVector), dimensions = vocabulary
     image_tokens: int = 0  # tokens one image is to the model (ViT patches + class token)
     image_side: int | None = None  # the shortest side its processor keeps (decoding shrinks)
+    precision: dict[str, Any] | None = None  # dtype, device, why, the check's figures
     sampling_rate: int | None = None  # what audio inputs must be sampled at
     cosine_rerank: bool = False  # reranks by embedding similarity (no cross-encoder)
     # what its inputs may be ("text", "image", "audio": GET /v1/models says), and whether it

@@ -133,6 +133,7 @@ async def describe(
         exact_token_ids=config.token_ids == "model" and engine.takes_token_ids(),
         image_tokens=engine.image_tokens() if "image" in caps else 0,
         image_side=engine.image_side() if "image" in caps else None,
+        precision=engine.precision(),
         sampling_rate=engine.sampling_rate if "audio" in caps else None,
         cosine_rerank="embed" in engine_caps
         and "rerank" in caps

@@ -237,6 +237,7 @@ ENTRY_FIELDS = (
     "sparse",
     "image_tokens",
     "image_side",
+    "precision",
     "sampling_rate",
     "cosine_rerank",
     "modalities",

@@ -68,6 +68,8 @@ async def serve_embeddings(
     named = await registry.resolve(body.model)
     items = content_items(body.input)
     if items is not None:  # Jina's items: texts, images and pairs in one request, in order
+        if not named.sparse:  # a reranker or classifier: the same 400 as for strings
+            named = registry.check(named, body.model, "embed")
         return await _serve_items(request, body, named, items, dimensions, renormalize)
     if not (named.sparse and modality == "text"):
         named = registry.check(named, body.model, "embed" if modality == "text" else modality)

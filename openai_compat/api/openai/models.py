@@ -33,7 +33,19 @@ def card(entry: ModelEntry, id: str) -> dict[str, Any]:
         quantization_range=entry.quantizer.range(entry.dimensions or 0)
         if entry.quantizer
         else None,
+        **_precision(entry.precision),
     ).model_dump(exclude_none=True)
+
+
+def _precision(verdict: dict[str, Any] | None) -> dict[str, Any]:
+    """dtype and device as fields of their own; why, and the check's figures, beside them."""
+    if not verdict:
+        return {}
+    why = {
+        "reason": verdict["reason"],
+        **({"check": verdict["check"]} if "check" in verdict else {}),
+    }
+    return {"dtype": verdict["dtype"], "device": verdict["device"], "precision": why}
 
 
 def _listed(registry: Registry, id: str) -> dict[str, Any]:

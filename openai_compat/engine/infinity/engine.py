@@ -169,6 +169,9 @@ class InfinityEngine:
     def image_tokens(self) -> int:
         return internals.image_tokens(self.replica)
 
+    def precision(self) -> dict[str, Any] | None:
+        return None  # infinity-emb chooses its own dtype (bf16 or fp16 on a GPU)
+
     def image_side(self) -> int | None:
         return None  # infinity-emb's processors are its own: images decoded at full size
 
