@@ -138,7 +138,6 @@ def _add_settings_flags(serve: argparse.ArgumentParser, only: set[str] | None = 
 
 def serve(settings: Settings) -> int:
     """Run until stopped; 1 if a model failed to load."""
-    import importlib
     import threading
 
     # No collections while the imports below make their 800k lasting objects (memory.py).
@@ -149,7 +148,7 @@ def serve(settings: Settings) -> int:
     # The engine's imports (torch, transformers: seconds) start now, beside the web stack's.
     package = engine_package(c.engine for c in settings.served_models())
     threading.Thread(
-        target=importlib.import_module,
+        target=memory.import_engine,
         args=(package,),
         name="model-load-import",
         daemon=True,

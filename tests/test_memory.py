@@ -110,3 +110,22 @@ def test_mkl_keeps_no_thread_buffers_unless_the_operator_says() -> None:
     kept = {"MKL_DISABLE_FAST_MM": "0"}  # MKL reads any value as "off": 0 is removed
     memory.before_engine_import(kept)
     assert kept == {}
+
+
+@pytest.mark.slow
+def test_the_engine_imports_without_pandas_and_pyarrow_which_stay_importable() -> None:
+    """#62.3: scikit-learn (which sentence-transformers imports) loads pandas, and pandas
+    pyarrow, when a venv has them: 35 MiB resident that serving never uses."""
+    pytest.importorskip("pandas")
+    script = (
+        "import sys\n"
+        "from openai_compat.models import memory\n"
+        "memory.import_engine('sentence_transformers')\n"
+        "print(sorted(m for m in ('pandas', 'pyarrow', 'sklearn') if m in sys.modules))\n"
+        "import pandas\n"
+        "print(pandas.DataFrame({'a': [1]}).shape)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[:2] == ["['sklearn']", "(1, 1)"]

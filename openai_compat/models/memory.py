@@ -4,6 +4,7 @@ the size of a model's weight files (what it costs before it was ever loaded)."""
 from __future__ import annotations
 
 import gc
+import importlib
 import itertools
 import os
 import sys
@@ -84,6 +85,29 @@ def before_engine_import(environ: Any = os.environ) -> None:
         environ["MKL_DISABLE_FAST_MM"] = "1"
     elif value.strip() == "0":
         del environ["MKL_DISABLE_FAST_MM"]
+
+
+# Libraries a serving process never uses that the engine's imports would load when they are
+# installed: scikit-learn (which sentence-transformers imports) loads pandas, and pandas
+# pyarrow, where a venv has them (any data-science venv; the ray extra's).
+UNUSED = ("pandas", "pyarrow")
+
+
+def import_engine(package: str, unused: tuple[str, ...] = UNUSED) -> None:
+    """Import the engine's package with `unused` looking absent (None in sys.modules: an
+    import raises ModuleNotFoundError and importlib.util.find_spec answers None), as
+    scikit-learn and the rest take them to be optional (measured: 35 MiB resident of pyarrow
+    and pandas in a venv that holds them, for nothing). They import normally afterwards (Ray
+    Data's batch runner needs them); anything already imported stays."""
+    hidden = [name for name in unused if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        importlib.import_module(package)
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, ...) is None:
+                del sys.modules[name]
 
 
 def pause_collection() -> None:
