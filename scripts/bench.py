@@ -32,9 +32,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests (fixtur
 
 
 def scenarios() -> dict[str, Any]:
-    from benchkit.scenarios import families, lab, one_client, pages, shared_cpu, tenants
+    from benchkit.scenarios import (
+        families,
+        lab,
+        one_client,
+        pages,
+        precision,
+        shared_cpu,
+        tenants,
+    )
 
-    modules: list[ModuleType | Any] = [one_client, shared_cpu, families, pages, tenants]
+    modules: list[ModuleType | Any] = [one_client, shared_cpu, precision, families, pages, tenants]
     return {m.NAME: m for m in [*modules, *lab.SCENARIOS]}
 
 

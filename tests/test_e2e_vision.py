@@ -361,3 +361,70 @@ def test_jina_items_to_a_reranker_are_the_400_a_string_gets(srv: RemoteServer) -
         answer = httpx.post(url, json={"model": "vlrerank", "input": items})
         assert answer.status_code == 400, answer.text
         assert answer.json() == as_string.json()
+
+
+def _sha(key: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def keyed(
+    tmp_path_factory: pytest.TempPathFactory, folders: dict[str, Path]
+) -> Iterator[RemoteServer]:
+    """The vision models behind keys with small tokens-per-minute budgets (one each)."""
+    root = tmp_path_factory.mktemp("keyed")
+    keys = root / "keys.toml"
+    keys.write_text(
+        "".join(
+            f'[[keys]]\nname = "{name}"\nkey_sha256 = "{_sha(name)}"\ntpm = {tpm}\n\n'
+            for name, tpm in (("pages", 60), ("rerank", 100), ("template", 50))
+        )
+    )
+    models = [{"name": n, "model": str(folders[n])} for n in ("colpali", "vl", "vlrerank")]
+    args = ["--keys-file", str(keys), "--cache-bytes", "0"]
+    with server_with(root, models, args) as server:
+        yield server
+
+
+def test_image_paths_take_the_processors_tokens_before_the_model_runs(
+    srv: RemoteServer, keyed: RemoteServer
+) -> None:
+    """#61.2: ColPali pages reserved 0 tokens, image documents in a multimodal rerank none,
+    and a VLM's chat template was charged after the answer: a tpm-200 key spent 1,323, 924
+    and 4,740 tokens in single requests. Now the engine takes the processor's count once it
+    has prepared the inputs, before they queue: over the budget is a 429 before any work."""
+
+    def post(server: RemoteServer, path: str, body: dict[str, Any], key: str) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"}
+        return httpx.post(server.url + path, json=body, headers=headers, timeout=120)
+
+    pages = {"model": "colpali", "input": URIS, "modality": "image"}  # 3 x 21 = 63 > 60
+    assert post(srv, "/v1/embeddings", pages, "x").json()["usage"]["prompt_tokens"] == 63
+    refused = post(keyed, "/v1/embeddings", pages, "pages")
+    assert refused.status_code == 429 and "Request too large" in refused.text, refused.text[:300]
+    two = post(keyed, "/v1/embeddings", {**pages, "input": URIS[:2]}, "pages")
+    assert two.status_code == 200 and two.json()["usage"]["prompt_tokens"] == 42
+    # 18 tokens left: of six concurrent one-page requests (21 each) at most one more passes
+    import concurrent.futures
+
+    one = {**pages, "input": URIS[:1]}
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        codes = list(
+            pool.map(lambda _: post(keyed, "/v1/embeddings", one, "pages").status_code, range(6))
+        )
+    assert codes.count(429) >= 5, codes
+
+    query = "what is the total amount of the red invoice on the page " * 3
+    rerank = {"model": "vlrerank", "query": query, "documents": [{"image": u} for u in URIS * 2]}
+    spent = post(srv, "/v1/rerank", rerank, "x").json()["usage"]["total_tokens"]
+    assert spent > 100  # the premise: over the rerank key's whole tpm
+    refused = post(keyed, "/v1/rerank", rerank, "rerank")
+    assert refused.status_code == 429 and "Request too large" in refused.text, refused.text[:300]
+
+    texts = {"model": "vl", "input": ["red photo", "blue chart", "the cat", "a dog"] * 4}
+    spent = post(srv, "/v1/embeddings", texts, "x").json()["usage"]["prompt_tokens"]
+    assert spent > 50  # with the template's tokens; the 32 words alone are under the tpm
+    refused = post(keyed, "/v1/embeddings", texts, "template")
+    assert refused.status_code == 429 and "Request too large" in refused.text, refused.text[:300]

@@ -32,7 +32,7 @@ import numpy as np
 from openai_compat.engine import classes, folders, late, limits, pooling, precision
 from openai_compat.engine.debug import DebugRunner
 from openai_compat.engine.prep import FairPrep
-from openai_compat.engine.priority import in_background, tenant
+from openai_compat.engine.priority import in_background, reserve_prepared, tenant
 from openai_compat.engine.scheduler import EngineStopped, OutputTooLarge, Scheduler
 from openai_compat.engine.text import TextKind, TextRunner
 from openai_compat.frame.model_config import DEBUG_ENGINE
@@ -128,6 +128,7 @@ class NativeEngine:
             values = sum(r.length for r in rows if r.tokens) * width
             if values > most:
                 raise OutputTooLarge(values, most)
+        await reserve_prepared(sum(r.used for r in rows))  # where the caller could not count
         costs = [r.length for r in rows]
         results = await self.scheduler.submit(
             rows, costs, background=in_background(), tenant=name, weight=weight

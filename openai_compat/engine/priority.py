@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 _BACKGROUND: ContextVar[bool] = ContextVar("openai_compat_background", default=False)
+_ENGINE_COUNTS: ContextVar[bool] = ContextVar("openai_compat_engine_counts", default=False)
 
 
 @contextmanager
@@ -35,3 +36,25 @@ def tenant() -> tuple[str, float]:
 
     caller = current.get()
     return ("", 1.0) if caller is None else (caller.key.name, caller.key.weight)
+
+
+@contextmanager
+def counted_by_engine() -> Iterator[None]:
+    """Engine calls made inside this block take the caller's tokens (a key's tpm) themselves,
+    once their inputs are prepared and before they queue: for inputs whose count only the
+    model's preparation knows (page images, a VLM's chat template, image documents in a
+    multimodal rerank). A refusal is then a 429 before the model runs."""
+    token = _ENGINE_COUNTS.set(True)
+    try:
+        yield
+    finally:
+        _ENGINE_COUNTS.reset(token)
+
+
+async def reserve_prepared(tokens: int) -> None:
+    """The engine's call, with its prepared inputs' tokens: reserved inside
+    counted_by_engine(), nothing elsewhere (the caller counted them before)."""
+    if _ENGINE_COUNTS.get():
+        from openai_compat.tenants.limits import reserve_tokens
+
+        await reserve_tokens(tokens)

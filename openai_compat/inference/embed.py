@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from openai_compat.engine.priority import counted_by_engine
 from openai_compat.engine.scheduler import EngineStopped, OutputTooLarge
 from openai_compat.engine.usage import TokenIds, engine_token_count, raw_vectors
 from openai_compat.formats.encoding import as_matrix
@@ -165,8 +166,12 @@ async def _embed(
             # texts reach the engine cut a few tokens past the model's limit, and a key's
             # tokens-per-minute is charged before the model runs (tenants/limits.py).
             tokens, prepared = await counter.prepare(texts, truncate=truncate, names=names)
-            await reserve_tokens(tokens)  # a VLM's: provisional (its template is the engine's)
-            vectors, usage = await entry.embed(prepared, mode, system)
+            if entry.messages:  # its chat template is counted by the engine as it prepares
+                with counted_by_engine():
+                    vectors, usage = await entry.embed(prepared, mode, system)
+            else:
+                await reserve_tokens(tokens)
+                vectors, usage = await entry.embed(prepared, mode, system)
             exact = (settings.count_tokens or not truncate) and not entry.messages
             return EmbedResult(vectors, tokens if exact else int(usage))
         if counter is None or not settings.count_tokens or entry.engine_counts or entry.messages:

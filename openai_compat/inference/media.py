@@ -5,8 +5,10 @@ on its document side), counted as the model sees them, a key's tokens taken firs
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
+from openai_compat.engine.priority import counted_by_engine
 from openai_compat.formats.media import IMAGE_META, MediaError, MediaFetcher, Modality
 from openai_compat.formats.tokens import Names, input_names
 from openai_compat.frame.settings import Settings
@@ -41,16 +43,18 @@ async def embed_media(
             {"image": p, "text": item[1]} if isinstance(item, tuple) else p
             for p, item in zip(payloads, items, strict=True)
         ]
-        if modality == "image":  # what usage will count, taken before the model runs
-            await reserve_tokens(entry.image_tokens * len(items))  # a VLM's: provisional
-        with engine_errors():
+        counted = modality == "image" and (entry.messages or entry.multivector)
+        if modality == "image" and not counted:  # a ViT's: what usage will count
+            await reserve_tokens(entry.image_tokens * len(items))
+        # a VLM's or a page retriever's count is its processor's (image tokens, template):
+        # the engine takes it once the inputs are prepared, before they queue
+        with engine_errors(), counted_by_engine() if counted else nullcontext():
             vectors, used = await _media_engine_call(entry, modality, inputs, prompt)
     # infinity-emb counts characters of an internal repr for media; report what the model
     # sees instead: patches per image for a ViT, the processor's tokens (image tokens and
     # template) for a VLM or ColPali, and no tokens for audio.
     if modality == "image":
         media = [p.info.get(IMAGE_META, {}) for p in payloads]
-        counted = entry.messages or entry.multivector
         return EmbedResult(
             vectors, int(used) if counted else entry.image_tokens * len(items), media
         )

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from openai_compat.engine.priority import counted_by_engine
 from openai_compat.formats.media import MediaError, MediaFetcher
 from openai_compat.formats.tokens import field_names
 from openai_compat.frame.settings import Settings
@@ -143,7 +144,9 @@ async def _by_pairs(
         for i, image in zip(pictured, payloads, strict=True):
             text = docs[i].text
             given[i] = image if text is None else {"image": image, "text": text}
-        with engine_errors():
+        # the pairs' tokens (image tokens, the template) are the processor's: the engine
+        # takes them once it has prepared the pairs, before they queue
+        with engine_errors(), counted_by_engine():
             results, tokens = await entry.engine.rerank(query=query, docs=given)
     scores = np.zeros(len(docs), dtype=np.float64)
     for r in results:
