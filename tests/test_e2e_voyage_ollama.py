@@ -49,6 +49,7 @@ def srv(
         },
         {"name": "reranker", "model": str(trained_models["reranker"])},
         {"name": "vl", "model": str(vl)},
+        {"name": "vl-short", "model": str(vl), "max_length": 32},
     ]
     with server_with(tmp_path_factory.mktemp("cfg"), models, ["--cache-bytes", "0"]) as server:
         yield server
@@ -182,6 +183,9 @@ def test_voyage_multimodal_embed_on_a_vision_language_model(vo: voyageai.Client,
     ]
     np.testing.assert_allclose(np.asarray(got.embeddings), np.asarray(want), atol=1e-5)
     assert got.image_pixels == 2 * 40 * 30 and got.text_tokens > 0 and got.total_tokens > 0
+    # #61.14: with truncation=False an image's text past the window is refused, not cut
+    with pytest.raises(voyageai.error.InvalidRequestError, match=r"inputs\[1\].*truncation=true"):
+        vo.multimodal_embed([[img], ["red photo " * 40, img]], model="vl-short", truncation=False)
 
 
 def test_voyage_errors_are_its_detail_body_and_4xx(srv: RemoteServer, vo: voyageai.Client) -> None:
@@ -189,8 +193,8 @@ def test_voyage_errors_are_its_detail_body_and_4xx(srv: RemoteServer, vo: voyage
         vo.embed(["x"], model="nope")
     with pytest.raises(voyageai.error.InvalidRequestError, match="output_dimension"):
         vo.embed(["x"], model="e5", output_dimension=100)  # not a declared Matryoshka size
-    with pytest.raises(voyageai.error.InvalidRequestError):
-        vo.embed(["word " * 400], model="minilm", truncation=False)
+    with pytest.raises(voyageai.error.InvalidRequestError, match="send truncation=true"):
+        vo.embed(["word " * 400], model="minilm", truncation=False)  # Voyage's switch, #61.14
     url = srv.url + "/voyage/v1/embeddings"
     r = httpx.post(url, json={"model": "minilm", "input": "x", "output_dtype": "int4"})
     assert r.status_code == 400 and set(r.json()) == {"detail"}
@@ -227,7 +231,13 @@ def test_ollama_sdk_embeds_lists_and_shows(srv: RemoteServer) -> None:
     full = _openai(srv, "e5", DOCS[:1])[0][:128]
     np.testing.assert_allclose(cut.embeddings[0], full / np.linalg.norm(full), atol=1e-6)
     listed = {m.model for m in client.list().models}
-    assert listed == {"minilm:latest", "e5:latest", "reranker:latest", "vl:latest"}
+    assert listed == {
+        "minilm:latest",
+        "e5:latest",
+        "reranker:latest",
+        "vl:latest",
+        "vl-short:latest",
+    }
     shown = client.show("minilm")
     assert shown.details is not None and shown.details.family == "bert"
     assert shown.modelinfo is not None and shown.modelinfo["embedding_length"] == 384
@@ -239,6 +249,7 @@ def test_ollama_sdk_embeds_lists_and_shows(srv: RemoteServer) -> None:
     with pytest.raises(ollama.ResponseError) as caught:
         client.embed(model="minilm", input="word " * 400, truncate=False)
     assert caught.value.status_code == 400 and "context length" in caught.value.error
+    assert "send truncate: true" in caught.value.error  # Ollama's switch, not OpenAI's (#61.14)
     assert httpx.get(srv.url + "/api/version").json()["version"]
 
 

@@ -94,9 +94,10 @@ async def _embed(
     plan = EmbedPlan(texts=texts, own_truncation=True, truncate=truncate, dimensions=dims)
     try:
         done = await run(entry, plan, settings_of(request))
-    except InputTooLong as exc:  # Ollama's words for it
+    except InputTooLong as exc:  # Ollama's words for it, and its own switch
+        advised = exc.advising("send truncate: true (Ollama's default) to cut it to the window.")
         raise BadRequest(
-            f"the input length exceeds the context length: {exc.message}", param="input"
+            f"the input length exceeds the context length: {advised.message}", param="input"
         ) from None
     note(request, entry.name, done.count, done.tokens)
     return entry, done

@@ -50,14 +50,17 @@ class InputTooLong(BadRequest):
     def __init__(
         self,
         name: tuple[str, str],
-        tokens: int,
+        tokens: int | None,
         limit: int,
         remedy: str = "let the server truncate.",
     ) -> None:
         param, label = name
+        # None: refused from a prefix (a huge text is never tokenized whole)
+        counted = f"{tokens} tokens, more than the {limit}" if tokens is not None else (
+            f"more than the {limit} tokens"
+        )
         super().__init__(
-            f"{label}: {tokens} tokens, more than the {limit} this model takes. Shorten it, or "
-            f"{remedy}",
+            f"{label}: {counted} this model takes. Shorten it, or {remedy}",
             param=param,
             code="input_too_long",
         )

@@ -27,7 +27,7 @@ from openai_compat.formats.encoding import (
 )
 from openai_compat.formats.tokens import Names, TokenCounter
 from openai_compat.frame.settings import Settings
-from openai_compat.ground.errors import BadRequest
+from openai_compat.ground.errors import BadRequest, InputTooLong
 from openai_compat.inference.embed import embed_texts
 from openai_compat.models.registry import ModelEntry
 from openai_compat.tenants.limits import reserve_tokens
@@ -314,12 +314,12 @@ async def embed_late(
         zip(full, await counter.truncate_texts(full, room), strict=True)
     ):
         if len(cut) < len(text):  # refused from a prefix: no whole tokenization of a huge text
-            param, label = names(i)
-            raise BadRequest(
-                f"{label}: more than {limit} tokens; late chunking needs the whole document in "
-                f"one window of {limit} (use long_input 'mean' or 'chunks').",
-                param=param,
-                code="input_too_long",
+            raise InputTooLong(
+                names(i),
+                None,
+                limit,
+                "use long_input 'mean' or 'chunks': late chunking needs the whole document in "
+                "one window.",
             )
 
     def plan() -> tuple[list[Any], list[_LatePlan | str]]:

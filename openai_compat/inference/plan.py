@@ -174,6 +174,14 @@ async def run(
     if plan.media is not None:
         if fetcher is None:
             raise RuntimeError("a plan with media needs the app's media fetcher")
+        paired = [(k, m[1]) for k, m in enumerate(plan.media) if isinstance(m, tuple)]
+        if plan.truncate is False and paired and entry.counter is not None:
+            # an image's text past the window is refused as a text alone would be, not cut
+            await entry.counter.usage(
+                [t for _, t in paired],
+                truncate=False,
+                names=lambda j: plan.media_names(paired[j][0]),
+            )
         system = None
         if entry.messages:  # a VLM: its system prompt, the document side unless asked
             system = entry.prompts.for_media(

@@ -30,7 +30,7 @@ from openai_compat.api.voyage.protocol import (
 from openai_compat.formats.compact import encode
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.formats.tokens import field_names
-from openai_compat.ground.errors import BadRequest
+from openai_compat.ground.errors import BadRequest, InputTooLong
 from openai_compat.inference.embed import check_count
 from openai_compat.inference.plan import EmbedPlan, run
 from openai_compat.inference.scoring import check_top_n, rerank_texts
@@ -75,6 +75,18 @@ def _embedding_list(rows: list[Any]) -> list[dict[str, Any]]:
     return [{"object": "embedding", "embedding": r, "index": i} for i, r in enumerate(rows)]
 
 
+# Voyage's own switch for text past the window (its default cuts it)
+_LONG_HINT = "send truncation=true (Voyage's default) to cut it to the window."
+
+
+async def _run(entry: Any, plan: EmbedPlan, settings: Any, media: Any = None) -> Any:
+    """plan.run with this dialect's remedy for an over-long input."""
+    try:
+        return await run(entry, plan, settings, media)
+    except InputTooLong as exc:
+        raise exc.advising(_LONG_HINT) from None
+
+
 @router.post(
     "/embeddings", responses=VOYAGE_ERROR_RESPONSES, openapi_extra=body_openapi(EmbedRequest)
 )
@@ -92,7 +104,7 @@ async def embeddings(request: Request) -> Response:
         dimensions=body.output_dimension,
         dimensions_param="output_dimension",
     )
-    done = await run(entry, plan, settings)
+    done = await _run(entry, plan, settings)
     note(request, entry.name, done.count, done.tokens)
     matrix = truncate_dimensions(as_matrix(done.vectors), body.output_dimension)
     rows = _rows(entry, matrix, body.output_dtype, body.encoding_format == "base64")
@@ -132,7 +144,13 @@ async def contextualized(request: Request) -> Response:
         dimensions=body.output_dimension,
         dimensions_param="output_dimension",
     )
-    done = await run(entry, plan, settings)
+    try:
+        done = await run(entry, plan, settings)
+    except InputTooLong as exc:
+        raise exc.advising(
+            "split it into shorter documents: contextualized chunk embeddings read the whole "
+            "document in one window of the model."
+        ) from None
     assert done.long is not None
     note(request, entry.name, sum(len(c) for c in body.inputs), done.tokens)
     data = []
@@ -201,7 +219,7 @@ async def multimodal(request: Request) -> Response:
         dimensions=body.output_dimension,
         dimensions_param="output_dimension",
     )
-    done = await run(entry, plan, settings, media_of(request))
+    done = await _run(entry, plan, settings, media_of(request))
     note(request, entry.name, done.count, done.tokens)
     matrix = truncate_dimensions(as_matrix(done.vectors), body.output_dimension)
     rows = _rows(entry, matrix, body.output_dtype, body.output_encoding == "base64")
