@@ -99,6 +99,7 @@ def test_oversized_bodies_get_413(secured: RemoteServer) -> None:
     big = {"model": MODEL, "input": ["word " * 1000] * 5}
     r = httpx.post(secured.base_url + "/embeddings", json=big, headers=headers)
     assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+    assert "(the server's --max-body-bytes)" in r.json()["error"]["message"]  # #61.16
 
     def chunks():  # no Content-Length: the limit applies while streaming
         yield b'{"model": "all-MiniLM-L6-v2", "input": ["'

@@ -191,11 +191,30 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(debug_config: Path) ->
             text=True,
             timeout=120,
         )
-    assert done.returncode == 2, done.stderr[-2000:]
-    lines = [line for line in done.stderr.splitlines() if line.startswith("openai-compat:")]
-    assert lines == [
-        f"openai-compat: cannot listen on 127.0.0.1:{port}: Address already in use. Another "
-        f"server may hold it: pick another port with --port {port + 1} (or "
-        f"OPENAI_COMPAT_PORT={port + 1})."
-    ]
+        assert done.returncode == 2, done.stderr[-2000:]
+        lines = [line for line in done.stderr.splitlines() if line.startswith("openai-compat:")]
+        assert len(lines) == 1, lines
+        prefix = (
+            f"openai-compat: cannot listen on 127.0.0.1:{port}: Address already in use. Another "
+            "server holds it: pick another port, e.g. --port "
+        )
+        assert lines[0].startswith(prefix), lines
+        suggested = int(lines[0][len(prefix) :].split()[0])
+        # #61.16: the port suggested is free (port + 1 may not be), and not the taken one
+        assert suggested != port
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", suggested))
     assert "loading model" not in done.stderr and "Errno 98" not in done.stderr
+    # a bind error that is not a taken port says what it is, not "another server"
+    wrong = subprocess.run(
+        [
+            *(sys.executable, "-m", "openai_compat", "serve", "--config", str(debug_config)),
+            *("--host", "192.0.2.1", "--port", "8000"),  # TEST-NET-1: no interface has it
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert wrong.returncode == 2, wrong.stderr[-2000:]
+    (line,) = [s for s in wrong.stderr.splitlines() if s.startswith("openai-compat:")]
+    assert "Cannot assign requested address" in line and "check --host and --port" in line

@@ -123,6 +123,7 @@ async def test_loopback_urls_are_refused_by_default(file_server: tuple[str, Path
             with pytest.raises(BadRequest) as info:
                 await f.fetch_all([target], "image")
             assert info.value.code == "refused_address"
+            assert "--allow-private-media-urls" in info.value.message  # the switch (#61.16)
     finally:
         await f.close()
     allowed = _fetcher(allow_private=True)
@@ -244,6 +245,7 @@ async def test_decompression_bombs_are_refused_before_decoding() -> None:
             await f.fetch_all([data_uri(bomb, "image/png")], "image")
         assert info.value.code == "too_large"
         assert "12000x12000" in info.value.message
+        assert "--max-media-pixels" in info.value.message  # the switch (#61.16)
         with pytest.raises(BadRequest, match="Pillow's own limit") as info:  # > 179 Mpx
             await f.fetch_all([data_uri(png_bomb(15000, 15000), "image/png")], "image")
         assert info.value.code == "too_large"

@@ -205,7 +205,8 @@ class MediaFetcher:
         if not self.allow_private and not is_public_address(str(ip)):
             raise MediaError(
                 index,
-                f"{host} is {ip}, not a public address; refusing to fetch",
+                f"{host} is {ip}, not a public address; refusing to fetch (a server on a "
+                "trusted network may allow it: --allow-private-media-urls)",
                 "refused_address",
             )
 
@@ -224,7 +225,10 @@ class MediaFetcher:
             refused = _refusal(exc)
             if refused is not None:
                 raise MediaError(
-                    index, f"{refused}; refusing to fetch", "refused_address"
+                    index,
+                    f"{refused}; refusing to fetch (a server on a trusted network may allow "
+                    "it: --allow-private-media-urls)",
+                    "refused_address",
                 ) from None
             raise MediaError(
                 index, f"the URL could not be fetched ({type(exc).__name__})"
@@ -262,7 +266,10 @@ def _first_error(group: BaseExceptionGroup) -> BaseException:
 
 def _too_many_pixels(size: tuple[int, int] | None, limits: MediaLimits) -> str:
     dims = f"{size[0]}x{size[1]} pixels" if size else "larger than Pillow's own limit"
-    return f"the image is {dims}; at most {limits.max_pixels} pixels are decoded"
+    return (
+        f"the image is {dims}; at most {limits.max_pixels} pixels are decoded (the server's "
+        "--max-media-pixels): scale it down (a page at 150 dpi is plenty)"
+    )
 
 
 # The image formats decoded (Pillow's names): what browsers, SDKs and scanners send.

@@ -56,8 +56,10 @@ class InputTooLong(BadRequest):
     ) -> None:
         param, label = name
         # None: refused from a prefix (a huge text is never tokenized whole)
-        counted = f"{tokens} tokens, more than the {limit}" if tokens is not None else (
-            f"more than the {limit} tokens"
+        counted = (
+            f"{tokens} tokens, more than the {limit}"
+            if tokens is not None
+            else (f"more than the {limit} tokens")
         )
         super().__init__(
             f"{label}: {counted} this model takes. Shorten it, or {remedy}",

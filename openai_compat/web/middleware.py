@@ -331,7 +331,11 @@ class GatewayMiddleware:
         )
 
     def _too_large(self, cap: int | None = None) -> PayloadTooLarge:
-        return PayloadTooLarge(f"The request body is larger than {cap or self.max_body} bytes.")
+        cap = cap or self.max_body
+        switch = "--max-body-bytes" if cap == self.max_body else "--batch-max-file-bytes"
+        return PayloadTooLarge(
+            f"The request body is larger than {cap} bytes (the server's {switch})."
+        )
 
     def _cap(self, path: str) -> int:
         return self.max_upload if path in UPLOAD_PATHS else self.max_body

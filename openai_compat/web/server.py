@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -116,6 +117,13 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def _free_port(host: str, family: socket.AddressFamily) -> int:
+    """A port the system says is free on `host` now (it picks one for port 0)."""
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
 class PortInUse(OSError):
     """The port the server was told to listen on is taken (checked before any model loads)."""
 
@@ -130,9 +138,16 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
+        reason = exc.strerror or str(exc)
+        if exc.errno != errno.EADDRINUSE:  # a bad address, a privileged port...: its own words
+            raise PortInUse(
+                f"cannot listen on {host}:{port}: {reason} (check --host and --port, or "
+                "OPENAI_COMPAT_HOST and OPENAI_COMPAT_PORT)."
+            ) from exc
+        free = _free_port(host, family)
         raise PortInUse(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}. Another server may hold "
-            f"it: pick another port with --port {port + 1} (or OPENAI_COMPAT_PORT={port + 1})."
+            f"cannot listen on {host}:{port}: {reason}. Another server holds it: pick another "
+            f"port, e.g. --port {free} (or OPENAI_COMPAT_PORT={free}), free as of now."
         ) from exc
     sock.set_inheritable(True)
     return sock
