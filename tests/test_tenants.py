@@ -308,3 +308,27 @@ async def test_a_refund_gives_back_what_the_model_did_not_run() -> None:
     assert dict(limiter.headers(k))[b"x-ratelimit-remaining-tokens"] == b"400"
     limiter.refund(k, 10_000)  # never above the limit
     assert dict(limiter.headers(k))[b"x-ratelimit-remaining-tokens"] == b"600"
+
+
+async def test_a_background_caller_waiting_for_tokens_holds_no_place_in_flight() -> None:
+    """#61.9: with max_concurrent = 1 a batch line waiting for its owner's tokens held the one
+    place: the owner's reads of its own batch were refused 20 of 20 times."""
+    clock = SleepingClock()
+    k = key(tpm=600, max_concurrent=1)
+    reads: list[float] = []
+
+    async def sleep(seconds: float) -> None:  # while the line waits, its owner reads
+        if not reads:
+            limiter.admit(k, spends_tokens=False)  # not a 429: the line gave its place
+            reads.append(clock.t)
+            limiter.release(k)
+        await clock.sleep(seconds)
+
+    limiter = Limiter(clock, sleep=sleep)
+    limiter.reserve(k, 600)  # the bucket is empty: the line will wait 10 s for 100 tokens
+    await limiter.admit_waiting(k)  # the line's place
+    await limiter.reserve_waiting(k, 100)
+    assert reads == [pytest.approx(0.0)] and clock.t == pytest.approx(10.0)
+    assert limiter.use(k).inflight == 1  # the line has its place back to run
+    with pytest.raises(RateLimited, match="max_concurrent"):
+        limiter.admit(k, spends_tokens=False)

