@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo-models",
         help="Make offline demo models (no model hub): a reranker and a sentiment classifier "
-        "fine-tuned from the packaged all-MiniLM-L6-v2 (about 30 s on 2 idle cores), and "
+        "fine-tuned from the packaged all-MiniLM-L6-v2 (about 30 s on 2 idle cores), three "
+        "tiny visual retrieval models with random weights (plumbing, not meaning), and "
         "DIR/demo.toml serving them: `openai-compat serve --config DIR/demo.toml`.",
     )
     demo.add_argument("dir", nargs="?", default="demo", metavar="DIR", help="(default: demo)")
@@ -250,6 +251,9 @@ def demo_models(folder: Path) -> int:
         "about 30 s on 2 idle CPU cores, minutes beside other work (a progress bar each)...",
         file=sys.stderr,
     )
+    from openai_compat.models.demo_vision import NOTICE
+
+    print(f"...and the {NOTICE}.", file=sys.stderr)
     config = demo_models.build(folder)
     print(f"done: openai-compat serve --config {config}", file=sys.stderr)
     return 0

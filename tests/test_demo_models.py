@@ -25,3 +25,30 @@ def test_each_fine_tuning_shows_a_progress_bar(
     err = capsys.readouterr().err
     assert "training tiny-classifier" in err and "2/2" in err
     assert (out / "config.json").is_file()
+
+
+def test_the_demo_serves_visual_retrieval_offline_and_says_what_it_is(tmp_path: Path) -> None:
+    """#61.6: the visual models are written beside the text ones, served by the demo's config
+    (lazily), each a folder the server loads by its own files; the config says their weights
+    are random."""
+    import tomllib
+
+    from openai_compat.engine import classes
+    from openai_compat.models import demo_vision
+
+    made = demo_vision.build(tmp_path)
+    assert [p.name for p in made] == ["pages", "vl-embedder", "vl-reranker"]
+    config_path = demo.write_config(tmp_path)
+    config = tomllib.loads(config_path.read_text())
+    served = {m["name"]: m for m in config["models"]}
+    for name, folder in (
+        ("demo-pages", "pages"),
+        ("demo-vl-embedder", "vl-embedder"),
+        ("demo-vl-reranker", "vl-reranker"),
+    ):
+        assert served[name]["model"] == f"./{folder}" and served[name]["load"] == "lazy"
+        assert (tmp_path / folder / "config.json").is_file()
+    assert "RANDOM weights" in config_path.read_text()
+    assert classes.architectures(str(tmp_path / "pages"), None, False) == ["ColPaliForRetrieval"]
+    again = demo_vision.build(tmp_path)  # kept: nothing rebuilt
+    assert [p.stat().st_mtime for p in again] == [p.stat().st_mtime for p in made]

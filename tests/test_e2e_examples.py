@@ -53,7 +53,7 @@ HUB_STAND_INS = {
     "lightonai/GTE-ModernColBERT-v1": "colbert",
     "Alibaba-NLP/gte-modernbert-base": "modernbert",
     "google/embeddinggemma-300m": "gemma3",
-    # configs/visual.toml: tiny models of each kind (tests/fixtures/tiny_vision.py)
+    # configs/visual.toml: tiny models of each kind (openai_compat/models/demo_vision.py)
     "vidore/colpali-v1.3-hf": "colpali",
     "vidore/colqwen2-v1.0-hf": "colqwen2",
 }
@@ -174,7 +174,7 @@ def hub_cache(
         "splade": splade_path,
     }
     local.update(families.build(tmp_path_factory.mktemp("families"), minilm_path))
-    from tests.fixtures import tiny_vision
+    from openai_compat.models import demo_vision as tiny_vision
 
     vision = tmp_path_factory.mktemp("vision")
     local["colpali"] = tiny_vision.build_colpali(vision / "colpali")
@@ -188,9 +188,12 @@ def hub_cache(
 @pytest.fixture(scope="module")
 def demo_config(tmp_path_factory: pytest.TempPathFactory, trained_models: dict[str, Path]) -> Path:
     """`openai-compat demo-models`'s folder, from the fixtures' models (the same recipe)."""
+    from openai_compat.models import demo_vision
+
     folder = tmp_path_factory.mktemp("demo")
     (folder / "reranker").symlink_to(trained_models["reranker"])
     (folder / "classifier").symlink_to(trained_models["classifier"])
+    demo_vision.build(folder)
     return demo_models.write_config(folder)
 
 

@@ -53,7 +53,7 @@ def srv(
 
 
 def _colpali(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.fixtures.tiny_vision import build_colpali
+    from openai_compat.models.demo_vision import build_colpali
 
     return build_colpali(tmp_path_factory.mktemp("colpali") / "colpali")
 

@@ -1,6 +1,6 @@
 """Visual document retrieval and vision-language models end to end (#53): ColPali and ColQwen2
-page images, a vision-language embedder and a multimodal reranker (tests/fixtures/
-tiny_vision.py), each served from its folder alone, in every peer's input shape, through the
+page images, a vision-language embedder and a multimodal reranker (openai_compat/models/
+demo_vision.py), each served from its folder alone, in every peer's input shape, through the
 openai and cohere SDKs where they exist. Every served number is compared with the library's
 own computation on the same folder (MultiVectorEncoder.encode_document / encode_query /
 similarity, SentenceTransformer.encode, CrossEncoder.predict): vectors within 1e-5, orders
@@ -49,7 +49,7 @@ URIS = [_uri(p) for p in PAGES]
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from tests.fixtures import tiny_vision as tv
+    from openai_compat.models import demo_vision as tv
 
     root = tmp_path_factory.mktemp("vision")
     colpali = tv.build_colpali(root / "colpali")

@@ -30,7 +30,7 @@ DOCS = ["A man is eating food.", "A man is eating a piece of bread.", "The stock
 
 @pytest.fixture(scope="module")
 def vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.fixtures.tiny_vision import build_vl_embedder
+    from openai_compat.models.demo_vision import build_vl_embedder
 
     return build_vl_embedder(tmp_path_factory.mktemp("vl") / "vl")
 

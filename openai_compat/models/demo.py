@@ -1,8 +1,10 @@
-"""Demo models with real meaning, made offline (`openai-compat demo-models DIR`): the packaged
-all-MiniLM-L6-v2 weights fine-tuned for a few dozen steps (~20 s each on 2 cores) into a
-query/passage cross-encoder and a sentiment classifier, and a config serving them beside the
-packaged embedder, so the rerank, classify, model-pool, prompt and tutorial pages of the docs
-run on a machine with no model hub. The tests build the same models (tests/fixtures).
+"""Demo models made offline (`openai-compat demo-models DIR`): the packaged all-MiniLM-L6-v2
+weights fine-tuned for a few dozen steps (~20 s each on 2 cores) into a query/passage
+cross-encoder and a sentiment classifier (real meaning), three tiny visual models with random
+weights (demo_vision.py: the plumbing of visual retrieval, not meaning), and a config serving
+them beside the packaged embedder, so the rerank, classify, model-pool, prompt, vision and
+tutorial pages of the docs run on a machine with no model hub. The tests build the same models
+(tests/fixtures).
 
 They generalise to unseen sentences of the kinds they were shown, and no further: a demo, not
 a model to put in front of users.
@@ -200,6 +202,26 @@ keep_alive = "10m"
 [[models]]
 name = "demo-classifier"
 model = "./classifier"
+load = "lazy"
+
+# Visual retrieval, offline: three tiny models with RANDOM weights, built from configs in
+# seconds. They show the plumbing (page images in as PNG or JPEG data URIs or URLs, token
+# vectors, MaxSim and rerank scores out), not meaning: their rankings are noise. For real
+# pages serve a real model (docs/vision.md): vidore/colpali-v1.3-hf and the like.
+[[models]]
+name = "demo-pages"
+model = "./pages"
+load = "lazy"
+
+[[models]]
+name = "demo-vl-embedder"
+model = "./vl-embedder"
+load = "lazy"
+
+[[models]]
+name = "demo-vl-reranker"
+model = "./vl-reranker"
+load = "lazy"
 """
 
 
@@ -223,4 +245,7 @@ def build(folder: Path, base: str | None = None) -> Path:
     for name, make in (("reranker", build_reranker), ("classifier", build_classifier)):
         if not (folder / name / "config.json").is_file():
             make(base, folder / name)
+    from openai_compat.models import demo_vision
+
+    demo_vision.build(folder)
     return write_config(folder)

@@ -123,7 +123,9 @@ const ENABLE = {
     '[[models]]\nname = "clip-vit-base-patch32"\nmodel = "openai/clip-vit-base-patch32"',
   ],
   pages: [
-    "a model that ranks page images (ColPali, ColQwen2, a multimodal reranker)",
+    "a model that ranks page images (ColPali, ColQwen2, a multimodal reranker). Offline, " +
+      "`openai-compat demo-models demo` writes a tiny one with random weights (it shows the " +
+      "plumbing, not meaning) and demo/demo.toml serving it as demo-pages; a real one:",
     '[[models]]\nname = "colpali"\nmodel = "vidore/colpali-v1.3-hf"',
   ],
   sparse: [

@@ -62,6 +62,9 @@ def _anchor_name(anchor: str) -> str:
         "single": "one process",
         "eager_first_answer_ms": "an eager model",
         "cost-nokeys": "no keys",
+        "fastembed": "fastembed (ONNX Runtime)",
+        "fp32": "ours, --dtype float32",
+        "default": "the fp32-saved folder",
     }
     for part in anchor.split("."):
         if part in names:

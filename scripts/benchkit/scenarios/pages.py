@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """#53's measurement: page images per second, served vs the library's own `encode_document` on
 the same pages in one process (same batch size); and the p50 latency of one text query,
-served vs `encode_query`. ColPali built offline (tests/fixtures/tiny_vision.py): the tiny
+served vs `encode_query`. ColPali built offline (openai_compat/models/demo_vision.py): the tiny
 model (56 px pages: 16 image tokens) and a mid-size one (224 px pages: 256 image tokens, the
 per-page token count of a real ColPali at a quarter of its 1,024; hidden 256, 4 layers).
 
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def build(kind: str, out: Path) -> Path:
-    from tests.fixtures import tiny_vision
+    from openai_compat.models import demo_vision as tiny_vision
 
     if kind == "tiny":
         return tiny_vision.build_colpali(out)
