@@ -97,6 +97,12 @@ def _post(srv: RemoteServer, path: str, body: Any, **kw: Any) -> Any:
     return r.json()
 
 
+def _get(srv: RemoteServer, path: str) -> Any:
+    r = httpx.get(srv.url + path, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 def _unit(m: np.ndarray) -> np.ndarray:
     return m / np.linalg.norm(m, axis=-1, keepdims=True)
 
@@ -464,3 +470,20 @@ def test_on_the_default_server_the_page_explains_what_it_cannot_show(
     assert red == "rgb(179, 38, 30)" and red != blue  # --bad, not the accent
     tab.shot("default-server-failed-batch")
     tab.close()
+
+
+def test_multi_vector_models_are_left_out_of_the_panels_that_need_one_vector(
+    page: Page, srv: RemoteServer
+) -> None:
+    """#61.7: the Images panel listed ColPali and showed "Best match: undefined" and NaN
+    scores; the Similarity panel could open on it. Both list one-vector models only; the
+    Pages panel still has it."""
+    cards = {m["id"]: m for m in _get(srv, "/v1/models")["data"]}
+    assert cards["colpali"]["multivector"] is True and "multivector" not in cards["clip"]
+    p = page.page
+    options = {
+        select: p.eval_on_selector_all(f"{select} option", "els => els.map(e => e.value)")
+        for select in ("#sim-model", "#img-model", "#pages-model")
+    }
+    assert "colpali" not in options["#sim-model"] and "colpali" not in options["#img-model"]
+    assert "clip" in options["#img-model"] and "colpali" in options["#pages-model"]

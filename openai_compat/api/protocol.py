@@ -103,6 +103,11 @@ class ModelCard(BaseModel):
     )
     load: Literal["eager", "lazy"] | None = Field(None, description="Extension: its load setting.")
     dimensions: int | None = Field(None, description="Embedding size, for models that embed.")
+    multivector: bool | None = Field(
+        None,
+        description="Extension: true for a model that gives a vector per token (ColBERT, "
+        "ColPali): its embeddings carry a `shape`; absent otherwise.",
+    )
     max_input_tokens: int | None = None
     prompts: dict[str, str] | None = Field(
         None, description="Named prompts (prefixes) a request can choose; absent if none."

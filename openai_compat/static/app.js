@@ -107,6 +107,11 @@ function capable(card, capability) {
     // ranks page images: reranks, and takes images (ColPali, a multimodal reranker)
     return (card.capabilities || []).includes("rerank") && (card.modalities || []).includes("image");
   }
+  if ((capability === "embed" || capability === "image") && card.multivector) {
+    // a vector per token (ColBERT, ColPali) has no one cosine to show: the Pages and
+    // rerank panels score it (MaxSim)
+    return false;
+  }
   return (card.capabilities || []).includes(capability);
 }
 

@@ -27,6 +27,7 @@ def card(entry: ModelEntry, id: str) -> dict[str, Any]:
         capabilities=sorted(entry.capabilities),
         modalities=[m for m in ("text", "image", "audio") if m in entry.modalities],
         dimensions=entry.dimensions,
+        multivector=entry.multivector or None,
         matryoshka_dimensions=entry.config.matryoshka_dimensions,
         max_input_tokens=entry.max_length,
         **(entry.prompts.describe() or {}),
