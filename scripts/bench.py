@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The project's one benchmark tool: every figure docs/benchmarks.md and the README publish
-comes from a scenario run here, and the doc's current table and charts are generated from the
-results it writes.
+comes from a scenario run here with --publish, and the doc's current table and charts are
+generated from the results it writes.
 
     python scripts/bench.py list                      # the scenarios and what each measures
-    python scripts/bench.py run SCENARIO [--rounds N] [scenario options]
+    python scripts/bench.py run SCENARIO [--rounds N] [--publish] [scenario options]
     python scripts/bench.py run throughput -- --duration 10     # options of the load kit
     python scripts/bench.py table                     # docs/benchmarks.md's table and charts
     python scripts/bench.py venv DIR                  # a user's install (README) to measure:
@@ -12,8 +12,9 @@ results it writes.
 
 Every scenario alternates its systems round by round (at least 3 rounds for a published
 figure), reads ratios within a round, targets 127.0.0.1 only and stops by itself. A run
-appends one JSON line to docs/bench/results/SCENARIO.jsonl: the machine, the versions, the
-commit, the parameters, every figure's rounds, median and spread (benchkit/record.py).
+appends one JSON line to bench-results/SCENARIO.jsonl (untracked), or with --publish to
+docs/bench/results/SCENARIO.jsonl: the machine, the versions, the commit, the parameters,
+every figure's rounds, median and spread (benchkit/record.py).
 infinity-emb's server runs from its own environment: INFINITY_PYTHON=.venv-infinity/bin/python
 (requirements/infinity.txt).
 """
@@ -65,7 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, scenario in known.items():
         sub = run_commands.add_parser(name, help=scenario.DESCRIPTION)
         sub.add_argument("--rounds", type=int, default=3, help="alternated rounds (>= 3)")
-        sub.add_argument("--results", type=Path, default=None, help="results folder")
+        sub.add_argument(
+            "--results",
+            type=Path,
+            default=None,
+            help="results folder (default: bench-results/, untracked; --publish: the docs')",
+        )
+        sub.add_argument(
+            "--publish",
+            action="store_true",
+            help="append to docs/bench/results/ (tracked: what docs/benchmarks.md reads)",
+        )
         scenario.add_arguments(sub)
     args = parser.parse_args(argv)
     if args.command == "list":
@@ -88,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     params, rounds = scenario.measure(args)
     figures = scenario.figures(rounds) if hasattr(scenario, "figures") else scenario.FIGURES
     extra = getattr(scenario, "extra", None)
-    where = args.results or record.RESULTS
+    where = args.results or (record.RESULTS if args.publish else record.SCRATCH)
     record.write(scenario.NAME, params, figures, rounds, extra, results=where)
     return 0
 

@@ -97,3 +97,35 @@ def test_the_install_measured_is_named(tmp_path: Path) -> None:
     assert {"pytest", "pandas", "openai"} <= set(extra)  # the test extra's
     # what the server needs, directly or through its dependencies, is not extra
     assert not {"torch", "fastapi", "sentence-transformers", "scikit-learn", "uvicorn"} & set(extra)
+
+
+def test_a_run_publishes_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """#61.19: a run without --results appended to the tracked docs/bench/results/."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_cli", Path(__file__).resolve().parent.parent / "scripts" / "bench.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    class Scenario:
+        NAME, DESCRIPTION, FIGURES = "fake", "a fake scenario", FIGURES
+
+        @staticmethod
+        def add_arguments(p: argparse.ArgumentParser) -> None: ...
+
+        @staticmethod
+        def measure(args: argparse.Namespace) -> tuple[dict[str, object], list[dict[str, float]]]:
+            return {}, ROUNDS
+
+    monkeypatch.setattr(bench, "scenarios", lambda: {"fake": Scenario})
+    monkeypatch.setattr(record, "RESULTS", tmp_path / "published")
+    monkeypatch.setattr(record, "SCRATCH", tmp_path / "scratch")
+    assert bench.main(["run", "fake"]) == 0
+    assert (tmp_path / "scratch" / "fake.jsonl").is_file()
+    assert not (tmp_path / "published").exists()
+    assert bench.main(["run", "fake", "--publish"]) == 0
+    assert len((tmp_path / "published" / "fake.jsonl").read_text().splitlines()) == 1

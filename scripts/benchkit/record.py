@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "docs" / "bench" / "results"
+RESULTS = ROOT / "docs" / "bench" / "results"  # published: docs/benchmarks.md reads these
+SCRATCH = ROOT / "bench-results"  # a run without --publish (untracked)
 
 
 @dataclass(frozen=True)

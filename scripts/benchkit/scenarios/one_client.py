@@ -211,13 +211,17 @@ def floor_run() -> tuple[float, float, float]:
     return elapsed, rss, anon
 
 
-def one_round(r: int, seconds: float) -> dict[str, dict[str, float]]:
-    """Cold starts one at a time, then every system's latency in turns, then memory."""
-    out: dict[str, dict[str, float]] = {s: {} for s in SYSTEMS}
+def one_round(
+    r: int, seconds: float, skip: frozenset[str] = frozenset()
+) -> dict[str, dict[str, float]]:
+    """Cold starts one at a time, then every system's latency in turns, then memory.
+    `skip`: systems not measured (infinity-emb's, where its environment is absent)."""
+    out: dict[str, dict[str, float]] = {s: {} for s in SYSTEMS if s not in skip}
     servers: dict[str, Server] = {}
     library = None
     try:
-        for name in ("ours", "infinity", "floor") if r % 2 == 0 else ("floor", "infinity", "ours"):
+        starts = ("ours", "infinity", "floor") if r % 2 == 0 else ("floor", "infinity", "ours")
+        for name in [s for s in starts if s not in skip]:
             if name == "floor":
                 ready, rss, anon = floor_run()
                 out["floor"] |= {"ready_s": ready, "rss_mib": rss, "anon_mib": anon}
@@ -308,9 +312,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, float]]]:
     install.prepare()
+    skipped = {}
+    if not os.environ.get("INFINITY_PYTHON"):  # ours and the library still run
+        skipped["infinity"] = "INFINITY_PYTHON is not set (requirements/infinity.txt)"
+        print(f"skipping infinity-emb's server: {skipped['infinity']}", flush=True)
     rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
-        got = one_round(r, args.seconds)
+        got = one_round(r, args.seconds, frozenset(skipped))
         flat = {f"{system}.{k}": v for system, values in got.items() for k, v in values.items()}
         print(f"round {r}: " + "  ".join(f"{k} {v:.1f}" for k, v in flat.items()), flush=True)
         rounds.append(flat)
@@ -324,5 +332,6 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, fl
         **install.describe(),
         "ours_env": OURS_ENV,
         "cache": "off (--cache-bytes 0; every text new)",
+        "skipped": skipped,
     }
     return params, rounds

@@ -379,6 +379,13 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, fl
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {sorted(VARIANTS)}")
+    skipped = {}
+    if not os.environ.get("INFINITY_PYTHON"):  # the rest still run
+        for variant in ("infinity", "infinity-server", "infinity-engine"):
+            if variant in variants:
+                skipped[variant] = "INFINITY_PYTHON is not set (requirements/infinity.txt)"
+                print(f"skipping {variant}: {skipped[variant]}", flush=True)
+        variants = [v for v in variants if v not in skipped]
     install.prepare()
     rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
@@ -410,6 +417,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, fl
         "neighbour": "a Python loop pinned to CPU 1 (taskset -c 1) for the whole run",
         "library": "SentenceTransformer.encode(512 texts, batch_size=32) in one process",
         "cache": "off (--cache-bytes 0; every text new)",
+        "skipped": skipped,
         **install.describe(),
     }
     return params, rounds
