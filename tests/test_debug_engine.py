@@ -86,3 +86,31 @@ def test_backend_engine_names_are_the_native_engine_with_that_backend() -> None:
     assert model_config.ModelConfig(model="m").engine == "native"  # the default
     with pytest.raises(ValueError, match="engine = 'onnx' means backend = 'onnx'"):
         model_config.ModelConfig(model="m", engine="onnx", backend="openvino")
+
+
+def test_inputs_the_models_preparation_refuses_are_a_400(monkeypatch: pytest.MonkeyPatch) -> None:
+    """#61.4: a VLM's processor refusing a pair (transformers' "Mismatch in `image` token
+    count") reached the client as a 500 with a traceback; preparing is the inputs' alone."""
+    from openai_compat.ground.errors import BadRequest
+    from openai_compat.inference.embed import engine_errors
+
+    engine = native.load(_config(), threads=1)
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise ValueError("Mismatch in `image` token count between text and `input_ids`")
+
+    monkeypatch.setattr(engine.runner, "prepare", refuse)
+
+    async def main() -> None:
+        await engine.astart()
+        try:
+            with pytest.raises(BadRequest) as caught, engine_errors():
+                await engine.embed(["a page"])
+        finally:
+            await engine.astop()
+        assert caught.value.status == 400 and caught.value.code == "invalid_input"
+        assert "could not prepare these inputs: Mismatch in `image` token count" in str(
+            caught.value.message
+        )
+
+    asyncio.run(main())

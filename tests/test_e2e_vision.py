@@ -68,6 +68,10 @@ def srv(
 ) -> Iterator[RemoteServer]:
     models = [{"name": n, "model": str(f)} for n, f in folders.items()]
     models.append({"name": "minilm", "model": "builtin:all-MiniLM-L6-v2"})
+    # the reranker with a short window, cutting (the default) and refusing past it
+    short = {"model": str(folders["vlrerank"]), "max_length": 64}
+    models.append({"name": "vlrerank-short", **short})
+    models.append({"name": "vlrerank-strict", **short, "truncate": False})
     args = ["--max-multivector-values", str(BOUND), "--cache-bytes", "0"]
     with server_with(tmp_path_factory.mktemp("cfg"), models, args) as server:
         yield server
@@ -428,3 +432,20 @@ def test_image_paths_take_the_processors_tokens_before_the_model_runs(
     assert spent > 50  # with the template's tokens; the 32 words alone are under the tpm
     refused = post(keyed, "/v1/embeddings", texts, "template")
     assert refused.status_code == 429 and "Request too large" in refused.text, refused.text[:300]
+
+
+def test_a_long_query_beside_page_images_is_fitted_once_or_refused(srv: RemoteServer) -> None:
+    """#61.4: a 2.6 KB query beside one page image was a 500 (the processor's "Mismatch in
+    image token count", its traceback), and each pair carried the whole query through the
+    model's preparation thread. The query is fitted once to half the window (cut, or refused
+    with truncation off); tests/test_debug_engine.py: what a processor still refuses is a 400."""
+    url = srv.url + "/v1/rerank"
+    query = "what is the total amount on the red invoice " * 60  # 2.7 KB, 540 tokens
+    docs = [{"image": u} for u in URIS]
+    fitted = httpx.post(url, json={"model": "vlrerank-short", "query": query, "documents": docs})
+    assert fitted.status_code == 200, fitted.text[:300]
+    assert len(fitted.json()["results"]) == 3
+    strict = httpx.post(url, json={"model": "vlrerank-strict", "query": query, "documents": docs})
+    assert strict.status_code == 400, strict.text[:300]  # Cohere's body: {"message"}
+    assert strict.json()["message"].startswith("query: more than the 32 tokens")
+    assert "half the model's window" in strict.json()["message"]

@@ -33,7 +33,12 @@ from openai_compat.engine import classes, folders, late, limits, pooling, precis
 from openai_compat.engine.debug import DebugRunner
 from openai_compat.engine.prep import FairPrep
 from openai_compat.engine.priority import in_background, reserve_prepared, tenant
-from openai_compat.engine.scheduler import EngineStopped, OutputTooLarge, Scheduler
+from openai_compat.engine.scheduler import (
+    EngineStopped,
+    InputRefused,
+    OutputTooLarge,
+    Scheduler,
+)
 from openai_compat.engine.text import TextKind, TextRunner
 from openai_compat.frame.model_config import DEBUG_ENGINE
 
@@ -122,7 +127,10 @@ class NativeEngine:
         job = self._prepare.submit(
             name, weight, len(inputs), self.runner.prepare, list(inputs), task, prompt
         )
-        rows = await asyncio.wrap_future(job)
+        try:
+            rows = await asyncio.wrap_future(job)
+        except ValueError as exc:  # preparation is the inputs' alone: the client's to mend
+            raise InputRefused(f"the model could not prepare these inputs: {exc}") from exc
         if self._output_bound is not None:
             width, most = self._output_bound
             values = sum(r.length for r in rows if r.tokens) * width

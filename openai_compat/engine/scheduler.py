@@ -115,6 +115,12 @@ class OutputTooLarge(ValueError):
         self.values, self.most = values, most
 
 
+class InputRefused(ValueError):
+    """The model's own preparation (its tokenizer, its processor) refused a call's inputs: a
+    client's input, never a server fault (a VLM's processor finding its image tokens cut by
+    the window, say)."""
+
+
 class Scheduler:
     """The queue and forward thread of one model replica."""
 

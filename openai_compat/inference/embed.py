@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from openai_compat.engine.priority import counted_by_engine
-from openai_compat.engine.scheduler import EngineStopped, OutputTooLarge
+from openai_compat.engine.scheduler import EngineStopped, InputRefused, OutputTooLarge
 from openai_compat.engine.usage import TokenIds, engine_token_count, raw_vectors
 from openai_compat.formats.encoding import as_matrix
 from openai_compat.formats.prompts import mode_of
@@ -36,13 +36,15 @@ _CHARS_PER_ID = 4
 def engine_errors() -> Iterator[None]:
     """An engine's refusals as API errors: an engine stopped under a request (its model
     unloaded, the server stopping) -> 503; a multi-vector answer over its bound -> 400;
-    anything else stays a 500. (Engines refuse bad input as BadRequest themselves.)"""
+    inputs the model's own preparation refused -> 400; anything else stays a 500."""
     try:
         yield
     except EngineStopped as exc:
         raise ServiceUnavailable(str(exc), headers={"Retry-After": "1"}) from exc
     except OutputTooLarge as exc:
         raise BadRequest(str(exc), param="input", code="output_too_large") from exc
+    except InputRefused as exc:
+        raise BadRequest(str(exc), param="input", code="invalid_input") from exc
 
 
 def check_count(n: int, limit: int, param: str, what: str = "inputs") -> None:

@@ -24,8 +24,8 @@ from openai_compat.engine.priority import counted_by_engine
 from openai_compat.formats.media import MediaError, MediaFetcher
 from openai_compat.formats.tokens import field_names
 from openai_compat.frame.settings import Settings
-from openai_compat.ground.errors import BadRequest
-from openai_compat.inference.embed import check_count, embed_texts, engine_errors
+from openai_compat.ground.errors import BadRequest, InputTooLong
+from openai_compat.inference.embed import check_count, embed_texts, engine_errors, truncate_for
 from openai_compat.inference.media import embed_media
 from openai_compat.inference.scoring import RankedDocument, RerankResult, finite_scores
 from openai_compat.models.registry import ModelEntry
@@ -124,6 +124,30 @@ async def _by_vectors(
     return np.clip((cos + 1.0) / 2.0, 0.0, 1.0), tokens
 
 
+async def _fit_pair_query(entry: ModelEntry, query: str, truncate: bool) -> str:
+    """A multimodal rerank's query, fitted once before it is paired with every document: at
+    most half the model's window (the document's image tokens, its text and the chat template
+    take the rest; a processor that finds its image tokens cut refuses the pair), past it
+    refused where truncation is off, else cut there. A huge query is tokenized once, not once
+    per document on the model's preparation thread."""
+    counter, limit = entry.counter, entry.max_length
+    if counter is None or limit is None:
+        return query
+    room = max(1, limit // 2)
+    (tokens,) = await counter.lengths([query])
+    if tokens <= room:
+        return query
+    if not truncate:
+        raise InputTooLong(
+            ("query", "query"),
+            None,
+            room,
+            "let the server truncate it (beside an image, a query has half the model's window).",
+        )
+    (cut,) = await counter.truncate_texts([query], room)
+    return cut
+
+
 async def _by_pairs(
     entry: ModelEntry,
     query: str,
@@ -135,6 +159,7 @@ async def _by_pairs(
     """(query, document) pairs through a multimodal cross-encoder: its sigmoid scores."""
     pictured = [i for i, d in enumerate(docs) if d.image is not None]
     urls = [docs[i].image or "" for i in pictured]
+    query = await _fit_pair_query(entry, query, truncate_for(entry, settings))
     with entry.admit(len(docs), settings.max_queued_inputs):
         try:
             payloads = await fetcher.fetch_all(urls, "image", image_side=entry.image_side)
