@@ -150,3 +150,38 @@ def test_a_named_dtype_wins_unchecked(tmp_path: Path, monkeypatch: pytest.Monkey
     engine = _load(_half_minilm(tmp_path), tmp_path, dtype="float32")
     assert _weights(engine) == "float32"
     assert engine.precision() == {"dtype": "float32", "device": "cpu", "reason": "configured"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "measure"),
+    [
+        ("reranker", "score order agreement"),
+        ("classifier", "score order agreement"),
+        ("splade", "top-16 term agreement"),
+    ],
+)
+def test_each_kind_is_checked_by_its_own_measure(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    trained_models: dict[str, Path],
+    splade_path: Path,
+    name: str,
+    measure: str,
+) -> None:
+    """Rerankers by the order of each query's scores, classifiers by the order of their
+    labels, SPLADE by its top terms: computed with the library's own calls on the probe set,
+    and the dtype applied is the verdict's."""
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    folder = splade_path if name == "splade" else trained_models[name]
+    engine = _load(folder, tmp_path)
+    verdict = engine.precision()
+    assert verdict is not None and verdict["check"]["measure"] == measure
+    # these fixtures rank alike in bf16 (a classifier judged on its label probabilities: its
+    # near-zero logits' directions failed a cosine floor of 0.99 at 0.90)
+    assert verdict["check"]["passed"] and verdict["check"]["min_cosine"] >= 0.99
+    assert verdict["dtype"] == _weights(engine) == "bfloat16"
+    assert verdict["check"]["probes"] in (
+        len(probes.QUERIES) + len(probes.PASSAGES),
+        len(probes.QUERIES),  # a cross-encoder: a row per query
+    )

@@ -185,12 +185,17 @@ def server_with(
 @contextlib.asynccontextmanager
 async def app_client(settings: Any) -> AsyncIterator[httpx.AsyncClient]:
     """An in-process app on `settings` with its lifespan run, and a client for it, once
-    /ready answers 200."""
+    /ready answers 200. Its models run float32 unless `settings` names a dtype (the suite
+    compares served numbers with the library's float32 ones; conftest.py does the same for
+    server processes)."""
     import asyncio
 
     from asgi_lifespan import LifespanManager
 
     from openai_compat.web.app import create_app
+
+    if "dtype" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"dtype": "float32"})
 
     app = create_app(settings)
     async with LifespanManager(app, startup_timeout=120) as manager:

@@ -179,18 +179,20 @@ def pair_agreement(want: np.ndarray, got: np.ndarray, tie: float = TIE) -> float
 
 def _outputs(model: Any, kind: str) -> np.ndarray:
     """The probe set through the library's own public calls: a row per query (a
-    cross-encoder's scores of every passage), per input (a classifier's logits), or per
-    text (an embedder's vectors, queries first)."""
+    cross-encoder's scores of every passage), per input (a classifier's label
+    probabilities), or per text (an embedder's vectors, queries first)."""
     queries, passages = probes.QUERIES, probes.PASSAGES
     if kind == "crossencoder":
         pairs = [(q, p) for q in queries for p in passages]
         scores = model.predict(pairs, batch_size=16, convert_to_numpy=True, show_progress_bar=False)
         return np.asarray(scores, dtype=np.float64).reshape(len(queries), len(passages))
-    if kind == "classifier":
-        logits = model.predict(
-            queries + passages, batch_size=16, apply_softmax=False, show_progress_bar=False
-        )
-        return np.asarray(logits, dtype=np.float64).reshape(len(queries) + len(passages), -1)
+    if kind == "classifier":  # predict takes a list of strings as one input: one at a time
+        # probabilities, as classify answers: near-zero logits' directions mean nothing
+        probs = [
+            model.predict(t, apply_softmax=True, show_progress_bar=False)
+            for t in queries + passages
+        ]
+        return np.asarray(probs, dtype=np.float64).reshape(len(queries) + len(passages), -1)
     if kind == "sparse":
         encoded = model.encode(
             queries + passages, batch_size=16, convert_to_tensor=True, show_progress_bar=False

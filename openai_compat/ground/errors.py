@@ -107,6 +107,11 @@ class PayloadTooLarge(APIError):
     type = "invalid_request_error"
     default_code = "payload_too_large"
 
+    @classmethod
+    def body(cls, size: int, flag: str) -> PayloadTooLarge:
+        """A request body past `size` bytes, naming the server's option that sets it."""
+        return cls(f"The request body is larger than {size} bytes (the server's {flag}).")
+
 
 class InsufficientStorage(APIError):
     status = 507

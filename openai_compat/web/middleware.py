@@ -330,12 +330,9 @@ class GatewayMiddleware:
             "--no-protect-docs-and-metrics opens it): its series name every key and model."
         )
 
-    def _too_large(self, cap: int | None = None) -> PayloadTooLarge:
-        cap = cap or self.max_body
-        switch = "--max-body-bytes" if cap == self.max_body else "--batch-max-file-bytes"
-        return PayloadTooLarge(
-            f"The request body is larger than {cap} bytes (the server's {switch})."
-        )
+    def _too_large(self, cap: int) -> PayloadTooLarge:
+        upload = cap != self.max_body
+        return PayloadTooLarge.body(cap, "--batch-max-file-bytes" if upload else "--max-body-bytes")
 
     def _cap(self, path: str) -> int:
         return self.max_upload if path in UPLOAD_PATHS else self.max_body
