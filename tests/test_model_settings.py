@@ -178,6 +178,7 @@ def _vectors(body: dict[str, Any]) -> np.ndarray:
 
 def _minilm(**options: Any) -> ModelConfig:
     options.setdefault("quantization_range", 0.3)  # no int8 calibration: fewer engine calls
+    options.setdefault("dtype", "float32")  # the library's computation is the reference
     options.setdefault("name", "m")
     return ModelConfig(model="builtin:all-MiniLM-L6-v2", **options)
 

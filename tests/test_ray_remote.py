@@ -165,6 +165,7 @@ async def clients(
 
     settings = Settings(
         models=tuple(ModelConfig(**c) for c in configs),
+        dtype="float32",  # replicas and the single process alike (app_client's default)
         cache_bytes=0,
         data_dir=tmp_path_factory.mktemp("ray-data"),
         batch_max_file_bytes=64 * 1024,

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from openai_compat.engine.batching import Slot, form_batch
-from openai_compat.engine.scheduler import LOADED_S, MAX_PASSES, EngineStopped, Scheduler
+from openai_compat.engine.refusals import EngineStopped
+from openai_compat.engine.scheduler import LOADED_S, MAX_PASSES, Scheduler
 from openai_compat.engine.threads import ThreadTuner, candidates
 
 

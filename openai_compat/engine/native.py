@@ -33,12 +33,8 @@ from openai_compat.engine import classes, folders, late, limits, pooling, precis
 from openai_compat.engine.debug import DebugRunner
 from openai_compat.engine.prep import FairPrep
 from openai_compat.engine.priority import in_background, reserve_prepared, tenant
-from openai_compat.engine.scheduler import (
-    EngineStopped,
-    InputRefused,
-    OutputTooLarge,
-    Scheduler,
-)
+from openai_compat.engine.refusals import EngineStopped, InputRefused, OutputTooLarge
+from openai_compat.engine.scheduler import Scheduler
 from openai_compat.engine.text import TextKind, TextRunner
 from openai_compat.frame.model_config import DEBUG_ENGINE
 
@@ -351,14 +347,8 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
     exported: Path | None = None
     from openai_compat.frame.settings import default_export_dir
 
-    if config.backend == "torch":
-        verdict = precision.decide(
-            model, config, kind, multivector, export_dir or default_export_dir()
-        )
-    else:
-        verdict = precision.Verdict("float32", "cpu", f"the {config.backend} export's")
-    logger.info("model %r: %s on %s (%s)", config.served_name, verdict.dtype, verdict.device,
-                verdict.reason)  # fmt: skip
+    export_dir = export_dir or default_export_dir()
+    verdict = precision.decide(model, config, kind, multivector, export_dir)  # logs it
     if config.backend != "torch":
         if kind != "embedder" or multivector:
             raise ValueError(
@@ -367,7 +357,7 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
             )
         from openai_compat.engine.exported import serve_exported
 
-        exported = serve_exported(model, config, export_dir or default_export_dir(), threads)
+        exported = serve_exported(model, config, export_dir, threads)
     elif config.compile:
         # torch's own nn.Module.compile: the model's forward, which preprocess + model() run,
         # compiled on first use per shape family (dynamic: batches vary in size and length).

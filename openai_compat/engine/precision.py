@@ -280,12 +280,23 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def decide(model: Any, config: Any, kind: str, multivector: bool, cache_dir: Path) -> Verdict:
+    """The dtype the model runs in, applied and logged (see _decide)."""
+    verdict = _decide(model, config, kind, multivector, cache_dir)
+    logger.info(
+        "model %r: %s on %s (%s)", config.served_name, verdict.dtype, verdict.device, verdict.reason
+    )
+    return verdict
+
+
+def _decide(model: Any, config: Any, kind: str, multivector: bool, cache_dir: Path) -> Verdict:
     """Run the policy on a model the library loaded in float32 (for dtype = "auto"): keep it,
     or put its transformer in the candidate dtype where the check (or its cached verdict)
-    passes. Blocking (the check runs the probe set twice)."""
+    passes. Blocking (the check runs the probe set twice). An export's runtime runs float32."""
     device = device_of(model)
     if config.dtype in EXPLICIT:
         return Verdict(config.dtype, device, "configured")
+    if config.backend != "torch":
+        return Verdict("float32", device, f"the {config.backend} export runs float32")
     dtype, why = candidate(device)
     if dtype == "float32":
         return Verdict("float32", device, f"{why}")

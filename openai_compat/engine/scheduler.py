@@ -62,6 +62,7 @@ from openai_compat.engine.batching import (
     tag_of,
     withdraw,
 )
+from openai_compat.engine.refusals import EngineStopped
 from openai_compat.engine.threads import ThreadTuner
 
 logger = logging.getLogger("openai_compat.engine")
@@ -97,28 +98,6 @@ class Runner(Protocol):
 
     def run(self, items: Sequence[Any]) -> list[Any]:
         """One batch: the prepared items -> one result each, in order."""
-
-
-class EngineStopped(RuntimeError):
-    """The model was unloaded or the server is stopping while work was queued."""
-
-
-class OutputTooLarge(ValueError):
-    """A call's token vectors would pass the server's bound (max_multivector_values)."""
-
-    def __init__(self, values: int, most: int) -> None:
-        super().__init__(
-            f"These inputs would make {values} vector values (one vector per token), more than "
-            f"the {most} one request may have (max_multivector_values); send fewer or shorter "
-            "inputs."
-        )
-        self.values, self.most = values, most
-
-
-class InputRefused(ValueError):
-    """The model's own preparation (its tokenizer, its processor) refused a call's inputs: a
-    client's input, never a server fault (a VLM's processor finding its image tokens cut by
-    the window, say)."""
 
 
 class Scheduler:

@@ -72,6 +72,10 @@ class InputTooLong(BadRequest):
         return InputTooLong(self.name, self.tokens, self.limit, remedy)
 
 
+class WholeTextTooLong(InputTooLong):
+    """A text late chunking must read whole: the long-input modes a route advises do not help."""
+
+
 class Unauthorized(APIError):
     status = 401
     type = "invalid_request_error"
@@ -108,8 +112,7 @@ class PayloadTooLarge(APIError):
     default_code = "payload_too_large"
 
     @classmethod
-    def body(cls, size: int, flag: str) -> PayloadTooLarge:
-        """A request body past `size` bytes, naming the server's option that sets it."""
+    def body(cls, size: int, flag: str) -> PayloadTooLarge:  # `flag`: the option that sets it
         return cls(f"The request body is larger than {size} bytes (the server's {flag}).")
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from openai_compat.engine.priority import counted_by_engine
-from openai_compat.engine.scheduler import EngineStopped, InputRefused, OutputTooLarge
+from openai_compat.engine.refusals import EngineStopped, InputRefused, OutputTooLarge
 from openai_compat.engine.usage import TokenIds, engine_token_count, raw_vectors
 from openai_compat.formats.encoding import as_matrix
 from openai_compat.formats.prompts import mode_of

@@ -27,7 +27,7 @@ from openai_compat.formats.encoding import (
 )
 from openai_compat.formats.tokens import Names, TokenCounter
 from openai_compat.frame.settings import Settings
-from openai_compat.ground.errors import BadRequest, InputTooLong
+from openai_compat.ground.errors import BadRequest, WholeTextTooLong
 from openai_compat.inference.embed import embed_texts
 from openai_compat.models.registry import ModelEntry
 from openai_compat.tenants.limits import reserve_tokens
@@ -314,7 +314,7 @@ async def embed_late(
         zip(full, await counter.truncate_texts(full, room), strict=True)
     ):
         if len(cut) < len(text):  # refused from a prefix: no whole tokenization of a huge text
-            raise InputTooLong(
+            raise WholeTextTooLong(
                 names(i),
                 None,
                 limit,

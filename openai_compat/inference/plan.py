@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from openai_compat.engine.scheduler import OutputTooLarge
+from openai_compat.engine.refusals import OutputTooLarge
 from openai_compat.engine.usage import TokenIds
 from openai_compat.formats.media import MediaFetcher, Modality
 from openai_compat.formats.tokens import Names, input_names

@@ -25,7 +25,7 @@ from openai_compat.api.request import (
 )
 from openai_compat.formats.encoding import embedding_payload, orjson_response
 from openai_compat.formats.sparse import check_options, embedding_object
-from openai_compat.ground.errors import BadRequest, InputTooLong
+from openai_compat.ground.errors import BadRequest, InputTooLong, WholeTextTooLong
 from openai_compat.inference.long_inputs import long_payload
 from openai_compat.inference.plan import Embedded, EmbedPlan, run
 from openai_compat.models.registry import ModelEntry
@@ -97,7 +97,7 @@ async def serve_embeddings(
     try:
         done = await run(named, plan, settings_of(request), media_of(request))
     except InputTooLong as exc:  # the remedies this route has, for a dense model
-        if named.sparse:
+        if named.sparse or isinstance(exc, WholeTextTooLong):
             raise
         raise exc.advising(_LONG_HINT) from None
     note(request, named.name, done.count, done.tokens)
