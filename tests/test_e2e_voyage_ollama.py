@@ -261,3 +261,30 @@ def test_langchains_ollama_embeddings(srv: RemoteServer) -> None:
     np.testing.assert_allclose(
         lc.embed_query(DOCS[0]), _openai(srv, "minilm", DOCS[:1])[0], atol=1e-6
     )
+
+
+def test_sdks_at_the_wrong_base_url_are_told_the_right_one(srv: RemoteServer) -> None:
+    """#61.15: the voyageai SDK at /v1 embedded, then failed with `AttributeError: data` on
+    rerank (Cohere's answer) and a bare 404 on contextualized embeddings; Cohere's SDK at /v1
+    and Ollama's at /api got bare 404s. Each now gets its own error naming the base URL."""
+    import cohere
+
+    wrong = voyageai.Client(api_key="x", base_url=srv.url + "/v1", max_retries=0)
+    with pytest.raises(voyageai.error.InvalidRequestError, match="/voyage/v1"):
+        wrong.rerank("a query", ["a document"], model="reranker")
+    with pytest.raises(voyageai.error.VoyageError, match="/voyage/v1"):
+        wrong.contextualized_embed([["a chunk"]], model="minilm")
+    co = cohere.ClientV2(api_key="x", base_url=srv.url + "/v1")
+    with pytest.raises(cohere.core.api_error.ApiError) as caught:
+        co.embed(
+            texts=["x"], model="minilm", input_type="search_document", embedding_types=["float"]
+        )
+    assert caught.value.status_code == 404 and "drop /v1" in str(caught.value.body)
+    with pytest.raises(ollama.ResponseError) as missed:
+        ollama.Client(host=srv.url + "/api").embed(model="minilm", input="x")
+    assert missed.value.status_code == 404 and "drop /api" in missed.value.error
+    # the same paths from other clients, and the right base URLs, are untouched
+    assert httpx.post(srv.url + "/v1/rerank", json={"model": "reranker", "query": "q",
+                      "documents": ["d"]}).status_code == 200  # fmt: skip
+    right = voyageai.Client(api_key="x", base_url=srv.url + "/voyage/v1", max_retries=0)
+    assert len(right.rerank("a query", ["a document"], model="reranker").results) == 1

@@ -45,6 +45,9 @@ MIN_AGREEMENT = 0.99
 TOP = 10  # neighbours compared per query
 TIE = 1e-3  # a neighbour counts when fp32 scores it within this of fp32's own 10th best
 TERMS = 16  # a sparse vector's top terms compared
+# Small batches: little padding for the probe set's mixed lengths (MiniLM on 2 cores: the
+# float32 pass in 0.29 s at 4 a batch, 0.50 s at 16, 0.70 s at 32)
+PROBE_BATCH = 4
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,9 @@ def _outputs(model: Any, kind: str) -> np.ndarray:
     queries, passages = probes.QUERIES, probes.PASSAGES
     if kind == "crossencoder":
         pairs = [(q, p) for q in queries for p in passages]
-        scores = model.predict(pairs, batch_size=16, convert_to_numpy=True, show_progress_bar=False)
+        scores = model.predict(
+            pairs, batch_size=PROBE_BATCH, convert_to_numpy=True, show_progress_bar=False
+        )
         return np.asarray(scores, dtype=np.float64).reshape(len(queries), len(passages))
     if kind == "classifier":  # predict takes a list of strings as one input: one at a time
         # probabilities, as classify answers: near-zero logits' directions mean nothing
@@ -195,11 +200,14 @@ def _outputs(model: Any, kind: str) -> np.ndarray:
         return np.asarray(probs, dtype=np.float64).reshape(len(queries) + len(passages), -1)
     if kind == "sparse":
         encoded = model.encode(
-            queries + passages, batch_size=16, convert_to_tensor=True, show_progress_bar=False
+            queries + passages,
+            batch_size=PROBE_BATCH,
+            convert_to_tensor=True,
+            show_progress_bar=False,
         )
         return np.asarray(encoded.to_dense().float().cpu().numpy(), dtype=np.float64)
     vectors = model.encode(
-        queries + passages, batch_size=16, convert_to_numpy=True, show_progress_bar=False
+        queries + passages, batch_size=PROBE_BATCH, convert_to_numpy=True, show_progress_bar=False
     )
     return np.asarray(vectors, dtype=np.float64)
 

@@ -42,6 +42,7 @@ from openai_compat.models.metrics import Metrics
 from openai_compat.models.pool import ModelPool
 from openai_compat.models.registry import EngineFailure, ModelEntry, Registry
 from openai_compat.tenants import Tenants
+from openai_compat.web.base_urls import BaseUrlHints
 from openai_compat.web.fastpath import FastPathMiddleware, fast_path_table
 from openai_compat.web.middleware import GatewayMiddleware
 
@@ -234,6 +235,7 @@ def create_app(
     # (checked here); GETs (probes, models, docs) go through the normal router.
     fast = fast_path_table(routes)
     app.add_middleware(FastPathMiddleware, routes=fast, metrics=metrics)
+    app.add_middleware(BaseUrlHints)  # a client at the wrong base URL told the right one
     known = frozenset(path for path, _ in routes) | {"/docs", "/redoc", "/openapi.json"}
     app.add_middleware(  # outermost of ours: ids, auth, limits, draining, metrics, access log
         GatewayMiddleware,

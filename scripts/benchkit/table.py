@@ -216,6 +216,9 @@ def charts(results: dict[str, dict[str, Any]]) -> list[str]:
 
 # The README's few lines: (scenario, figure key in its results) in the order they are told.
 HEADLINES = [
+    ("precision", "quiet.default / quiet.library"),
+    ("precision", "quiet.default / quiet.fastembed"),
+    ("precision", "neighbour.default / neighbour.library"),
     ("shared-cpu", "quiet.default / quiet.library"),
     ("shared-cpu", "neighbour.default / neighbour.library-best"),
     ("one-client", "ours.p50_1 / library.p50_1"),

@@ -129,6 +129,11 @@ class RerankRequest(BaseModel):
         description="Strings, {'text': ...} objects, or objects ranked on `rank_fields`."
     )
     top_n: StrictInt | None = Field(None, description="Return the best N (default: all).")
+    top_k: Any = Field(
+        None,
+        description="Voyage AI's name for top_n, which the voyageai SDK sends: refused with a "
+        "400 naming the Voyage base URL (/voyage/v1), whose answer that SDK reads.",
+    )
     return_documents: bool | None = Field(
         None, description="Include each document in its result (default false)."
     )

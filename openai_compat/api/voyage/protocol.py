@@ -14,6 +14,10 @@ InputType = Literal["query", "document"]
 # model's range, binary/ubinary packed sign bits, binary offset by 128)
 OutputDtype = Literal["float", "int8", "uint8", "binary", "ubinary"]
 
+# What the voyageai SDK is told wherever it is found at the wrong base URL (web/base_urls.py,
+# Cohere's rerank route)
+VOYAGE_HINT = "point the voyageai SDK at base_url=http://HOST:PORT/voyage/v1."
+
 
 class VoyageError(BaseModel):
     detail: str
