@@ -25,9 +25,9 @@ def _flag(name: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="openai-compat",
-        description="A server for embedding, rerank, classify, CLIP/CLAP and multi-vector "
-        "models (sentence-transformers 6) that the OpenAI, Cohere, TEI, infinity-emb, vLLM "
-        "and Jina clients use unchanged.",
+        description="A server for embedding, rerank, classify, CLIP/CLAP, multi-vector and "
+        "visual document retrieval models (sentence-transformers 6) that the OpenAI, Cohere, "
+        "TEI, infinity-emb, vLLM, Jina, Voyage AI and Ollama clients use unchanged.",
     )
     parser.add_argument("--version", action="version", version=f"openai-compat {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
