@@ -230,6 +230,17 @@ def test_tokens_per_minute_count_what_usage_counts(srv: RemoteServer) -> None:
         over = post(srv, path, "tokens-key", body)
         assert over.status_code == 429, (path, over.text)
         assert "Request too large" in over.text and "Limit 40" in over.text, path
+    # #61.11: Ollama's /api/show is a metadata read: it spends no tokens (it was a 429 here)
+    left = 18  # what the 22-token request above left
+    while left >= 3:  # n words are n + 2 tokens: take what is left, down to under 3
+        drained = client.embeddings.with_raw_response.create(
+            model="minilm", input="word " * (left - 2)
+        )
+        left = int(drained.headers["x-ratelimit-remaining-tokens"])
+    shown = post(srv, "/api/show", "tokens-key", {"model": "minilm"})
+    assert shown.status_code == 200, shown.text  # reading a model costs nothing...
+    refused = post(srv, "/api/embed", "tokens-key", {"model": "minilm", "input": "hi"})
+    assert refused.status_code == 429  # ...where the bucket has no tokens left
 
 
 def test_permissions_for_batches_and_admin(srv: RemoteServer) -> None:

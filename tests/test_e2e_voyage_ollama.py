@@ -50,6 +50,7 @@ def srv(
         {"name": "reranker", "model": str(trained_models["reranker"])},
         {"name": "vl", "model": str(vl)},
         {"name": "vl-short", "model": str(vl), "max_length": 32},
+        {"name": "lazy", "model": "builtin:all-MiniLM-L6-v2", "load": "lazy"},
     ]
     with server_with(tmp_path_factory.mktemp("cfg"), models, ["--cache-bytes", "0"]) as server:
         yield server
@@ -230,17 +231,15 @@ def test_ollama_sdk_embeds_lists_and_shows(srv: RemoteServer) -> None:
     cut = client.embed(model="e5", input=DOCS[0], dimensions=128)
     full = _openai(srv, "e5", DOCS[:1])[0][:128]
     np.testing.assert_allclose(cut.embeddings[0], full / np.linalg.norm(full), atol=1e-6)
+    # what /api/embed serves (#61.11: the reranker was listed, and refused there); a lazy
+    # model never loaded is listed, as what it is is known once it loads
     listed = {m.model for m in client.list().models}
-    assert listed == {
-        "minilm:latest",
-        "e5:latest",
-        "reranker:latest",
-        "vl:latest",
-        "vl-short:latest",
-    }
+    assert listed == {"minilm:latest", "e5:latest", "vl:latest", "vl-short:latest", "lazy:latest"}
     shown = client.show("minilm")
     assert shown.details is not None and shown.details.family == "bert"
-    assert shown.modelinfo is not None and shown.modelinfo["embedding_length"] == 384
+    assert shown.modelinfo is not None  # keys under the architecture, as Ollama's
+    assert shown.modelinfo["bert.embedding_length"] == 384
+    assert shown.modelinfo["bert.context_length"] == 256
     assert shown.capabilities == ["embedding"]
     assert {m.model for m in client.ps().models} >= {"minilm:latest"}
     with pytest.raises(ollama.ResponseError) as caught:
@@ -288,3 +287,25 @@ def test_sdks_at_the_wrong_base_url_are_told_the_right_one(srv: RemoteServer) ->
                       "documents": ["d"]}).status_code == 200  # fmt: skip
     right = voyageai.Client(api_key="x", base_url=srv.url + "/voyage/v1", max_retries=0)
     assert len(right.rerank("a query", ["a document"], model="reranker").results) == 1
+
+
+def test_ollama_show_is_a_metadata_read_and_pull_says_where_models_come_from(
+    srv: RemoteServer,
+) -> None:
+    """#61.11: /api/show loaded a lazy model (and evicted a loaded one); any tag was accepted;
+    /api/pull was a bare 404."""
+    client = ollama.Client(host=srv.url)
+    shown = client.show("lazy")
+    assert shown.capabilities == [] and shown.modelinfo == {"general.architecture": "bert"}
+    states = {m["id"]: m["state"] for m in httpx.get(srv.url + "/v1/models").json()["data"]}
+    assert states["lazy"] == "unloaded" and "lazy:latest" not in {
+        m.model for m in client.ps().models
+    }
+    with pytest.raises(ollama.ResponseError) as missed:
+        client.show("minilm:q4")  # a tag the model does not have
+    assert missed.value.status_code == 404
+    assert client.show("minilm:latest").capabilities == ["embedding"]
+    assert client.pull("minilm").status == "success"
+    with pytest.raises(ollama.ResponseError) as unknown:
+        client.pull("nomic-embed-text")
+    assert unknown.value.status_code == 404 and "configuration" in unknown.value.error

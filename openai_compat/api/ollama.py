@@ -19,12 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from starlette.responses import Response
 
 from openai_compat import __version__
+from openai_compat.api.openai.models import card as model_card
 from openai_compat.api.protocol import error_responses
 from openai_compat.api.request import body_openapi, note, read_body, ready_registry, settings_of
 from openai_compat.engine import folders
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.frame.model_config import KeepAlive
-from openai_compat.ground.errors import BadRequest, InputTooLong, ModelNotFound
+from openai_compat.ground.errors import BadRequest, InputTooLong, ModelNotFound, NotFound
 from openai_compat.inference.plan import EmbedPlan, run
 from openai_compat.models.registry import ModelEntry, Registry
 
@@ -72,14 +73,33 @@ class ShowRequest(BaseModel):
 
 
 def _served(registry: Registry, name: str) -> str:
-    """The served name for an Ollama model name (`name` or `name:tag`)."""
+    """The served name for an Ollama model name: `name`, or `name:latest` (the one tag a
+    served model has; any other is a 404, as Ollama answers a tag it does not have)."""
     try:
         return registry.config(name).served_name
     except ModelNotFound:
         base, _, tag = name.partition(":")
-        if tag and base:
+        if tag == "latest" and base:
             return registry.config(base).served_name
         raise
+
+
+def _facts(registry: Registry, served: str) -> dict[str, Any]:
+    """What a model said of itself (its /v1/models card): loaded now, or when it last was;
+    {} for a lazy model never loaded. Reading it never loads or evicts a model."""
+    entry = registry.loaded(served)
+    if entry is not None:
+        return model_card(entry, served)
+    slot = registry.pool.slots.get(served) if registry.pool is not None else None
+    return dict(slot.card) if slot is not None and slot.card else {}
+
+
+def _embeds(facts: dict[str, Any]) -> bool:
+    """Whether /api/embed serves the model (one dense vector an input); a model never loaded
+    is listed: what it is is known only once it loads."""
+    if not facts:
+        return True
+    return "embed" in facts.get("capabilities", []) and not facts.get("multivector")
 
 
 async def _embed(
@@ -167,7 +187,8 @@ async def tags(request: Request) -> Response:
     """The models this key may use, as Ollama lists its local models."""
     registry = ready_registry(request)
     served = [c.served_name for c in registry.configs if registry.visible(c.served_name)]
-    return orjson_response({"models": [_card(registry, s) for s in served]})
+    listed = [s for s in served if _embeds(_facts(registry, s))]  # what /api/embed serves
+    return orjson_response({"models": [_card(registry, s) for s in listed]})
 
 
 @router.get("/ps", responses=OLLAMA_ERROR_RESPONSES)
@@ -198,16 +219,17 @@ async def show(request: Request) -> Response:
     name = body.model or body.name
     if not name:
         raise BadRequest("model is required", param="model")
-    served = _served(registry, name)
-    entry = await registry.resolve(served)
+    served = _served(registry, name)  # outside the key's scope: as if it did not exist
+    facts = _facts(registry, served)  # a metadata read: no load, no eviction
     details = _details(registry, served)
-    info: dict[str, Any] = {"general.architecture": details["family"]}
-    if entry.dimensions:
-        info["embedding_length"] = entry.dimensions
-    if entry.max_length:
-        info["context_length"] = entry.max_length
-    capabilities = ["embedding"] if "embed" in entry.capabilities else []
-    capabilities += ["vision"] if "image" in entry.modalities else []
+    arch = details["family"]
+    info: dict[str, Any] = {"general.architecture": arch}
+    if facts.get("dimensions"):
+        info[f"{arch}.embedding_length"] = facts["dimensions"]
+    if facts.get("max_input_tokens"):
+        info[f"{arch}.context_length"] = facts["max_input_tokens"]
+    capabilities = ["embedding"] if facts and _embeds(facts) else []
+    capabilities += ["vision"] if "image" in facts.get("modalities", []) else []
     return orjson_response(
         {
             "modelfile": "",
@@ -219,6 +241,34 @@ async def show(request: Request) -> Response:
             "modified_at": _STARTED,
         }
     )
+
+
+class PullRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+    name: StrictStr | None = None  # the older field
+
+
+@router.post("/pull", responses=OLLAMA_ERROR_RESPONSES, openapi_extra=body_openapi(PullRequest))
+async def pull(request: Request) -> Response:
+    """Nothing is pulled: models are the server's configuration. A served model answers as
+    Ollama answers a model already present; any other is a 404 that says so."""
+    registry = ready_registry(request)
+    body = await read_body(request, PullRequest)
+    name = body.model or body.name
+    if not name:
+        raise BadRequest("model is required", param="model")
+    try:
+        _served(registry, name)
+    except ModelNotFound:
+        raise NotFound(
+            f"model '{name}' is not served, and nothing is pulled here: models come from the "
+            "server's configuration (--config, --model).",
+            param="model",
+            code="model_not_found",
+        ) from None
+    return orjson_response({"status": "success"})
 
 
 @router.get("/version")

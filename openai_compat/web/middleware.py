@@ -54,8 +54,10 @@ PAGE_PATHS = frozenset({"/", "/playground", "/playground/app.js", "/playground/a
 # The docs pages' UI code (api/docs.py): public, holds no data.
 DOC_ASSETS_PREFIX = "/docs/assets/"
 ADMIN_PREFIX = "/admin"  # model load/unload (api/admin.py): the admin key or an admin key
-# The Files and Batch APIs (a key with `batch = false` may not use them)
-BATCH_PREFIXES = ("/v1/files", "/files", "/v1/batches", "/batches")
+BATCH_PREFIXES = ("/v1/files", "/files", "/v1/batches", "/batches")  # not for `batch = false`
+# POSTs that spend no tokens: a batch's or a file's state (its owner can always follow it)
+# and Ollama's metadata reads
+FREE_POSTS = (*BATCH_PREFIXES, "/api/show", "/api/pull")
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 
 
@@ -179,9 +181,7 @@ class GatewayMiddleware:
                 if background:
                     await self.tenants.limiter.admit_waiting(key)
                 else:
-                    # reading a batch's state or a file costs no tokens: an owner whose
-                    # batch spends its tpm can still follow it
-                    spends = scope["method"] == "POST" and not _under(path, BATCH_PREFIXES)
+                    spends = scope["method"] == "POST" and not _under(path, FREE_POSTS)
                     self.tenants.limiter.admit(key, spends_tokens=spends)
             except APIError as exc:
                 refusal = "rate_limited", exc
