@@ -218,3 +218,44 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(debug_config: Path) ->
     assert wrong.returncode == 2, wrong.stderr[-2000:]
     (line,) = [s for s in wrong.stderr.splitlines() if s.startswith("openai-compat:")]
     assert "Cannot assign requested address" in line and "check --host and --port" in line
+
+
+def test_a_batch_line_waiting_for_its_owners_tokens_does_not_hold_the_drain(
+    debug_config: Path, tmp_path: Path
+) -> None:
+    """#61.12: SIGTERM waited the whole graceful timeout (12.7 s instead of 0.6 s) for a Batch
+    API line waiting for its owner's tokens; such a line has reached no model, and the batch
+    resumes it after a restart. The debug engine counts characters as tokens."""
+    import openai
+
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[keys]]\nname = "slow"\nkey = "slow-key"\ntpm = 60\n')
+    srv = RemoteServer(
+        ["--config", str(debug_config), "--keys-file", str(keys), "--graceful-timeout", "30"]
+    )
+    try:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="slow-key", max_retries=0)
+        lines = [
+            {"custom_id": f"l{i}", "method": "POST", "url": "/v1/embeddings",
+             "body": {"model": "debug", "input": "x" * 50}}
+            for i in range(3)
+        ]  # fmt: skip
+        import json
+
+        jsonl = "\n".join(json.dumps(line) for line in lines).encode()
+        upload = client.files.create(file=("in.jsonl", jsonl), purpose="batch")
+        job = client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        deadline = time.monotonic() + 30
+        while (seen := client.batches.retrieve(job.id)).status != "in_progress":
+            assert time.monotonic() < deadline, (seen, srv.output()[-3000:])
+            time.sleep(0.1)
+        time.sleep(1.0)  # the first line took 50 of the 60 tokens; the next waits ~50 s
+        signal_at = time.monotonic()
+        srv.signal(signal.SIGTERM)
+        srv.proc.wait(30)
+        assert time.monotonic() - signal_at < 10, srv.output()[-2000:]
+        assert "graceful timeout" not in srv.output()
+    finally:
+        srv.stop()

@@ -57,9 +57,21 @@ class Lifecycle:
         self.phase: Phase = "loading"
         self.error: str | None = None
         self.inflight = 0  # API requests being served (probes excluded)
+        # of those, Batch API lines waiting for their owner's budget: not worth a drain (they
+        # have not reached a model; the batch resumes them after a restart)
+        self.parked = 0
         # Set by whoever runs the server (the CLI) to stop it, e.g. when a model fails to load.
         self.on_fatal: Callable[[str], None] | None = None
         self.cpus: dict[str, Any] | None = None  # CPUs and thread pools (cpus.report)
+
+    def park(self, delta: int) -> None:
+        """A background request starts (+1) or stops (-1) waiting for its owner's budget."""
+        self.parked += delta
+
+    @property
+    def draining_for(self) -> int:
+        """Requests a drain waits for: those in flight, less the parked ones."""
+        return self.inflight - self.parked
 
     def ready(self) -> None:
         if self.phase == "loading":

@@ -111,6 +111,9 @@ class Limiter:
     # one key's waiting background callers, first come first served (each waits for its own
     # amount; a later one never takes what an earlier one is waiting for)
     _queues: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # told +1 / -1 as a background caller starts and stops waiting (the lifecycle's drain
+    # does not wait for those: ground/lifecycle.Lifecycle.park)
+    parked: Callable[[int], None] = lambda delta: None
 
     def use(self, key: Key) -> KeyUse:
         use = self.uses.setdefault(key.name, KeyUse())
@@ -143,16 +146,20 @@ class Limiter:
     async def admit_waiting(self, key: Key) -> None:
         """A background caller's admission: waits for the requests bucket instead of a 429
         (max_concurrent still refuses: the runner tries that line again)."""
-        async with self._queue(key):
-            while True:
-                use = self.use(key)
-                if use.requests is None:
-                    break
-                use.requests.refill(self.clock())
-                if use.requests.level >= 1:
-                    break
-                await self.sleep(max(use.requests.wait(1), MIN_WAIT_S))
-            self.admit(key, spends_tokens=False)
+        self.parked(1)
+        try:
+            async with self._queue(key):
+                while True:
+                    use = self.use(key)
+                    if use.requests is None:
+                        break
+                    use.requests.refill(self.clock())
+                    if use.requests.level >= 1:
+                        break
+                    await self.sleep(max(use.requests.wait(1), MIN_WAIT_S))
+        finally:
+            self.parked(-1)
+        self.admit(key, spends_tokens=False)
 
     def _queue(self, key: Key) -> asyncio.Lock:
         return self._queues.setdefault(key.name, asyncio.Lock())
@@ -185,6 +192,15 @@ class Limiter:
         if bucket is None or tokens <= 0:
             return
         _check_fits(key, bucket, tokens)
+        self.parked(1)
+        try:
+            await self._reserve_queued(key, tokens)
+        finally:
+            self.parked(-1)
+
+    async def _reserve_queued(self, key: Key, tokens: int) -> None:
+        bucket = self.use(key).tokens
+        assert bucket is not None
         async with self._queue(key):
             bucket.refill(self.clock())
             if bucket.level >= tokens:

@@ -139,6 +139,7 @@ def create_app(
 
     # The keys in force (a keys file that cannot be used stops start-up: KeysFileError)
     tenants = Tenants(settings.api_key, settings.keys_file, served=registry.all_names)
+    tenants.limiter.parked = lifecycle.park  # a batch line waiting for budget holds no drain
     batches = BatchService(settings, lifecycle, tenants)
 
     @contextlib.asynccontextmanager

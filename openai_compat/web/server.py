@@ -85,7 +85,7 @@ class DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         if self.drain_deadline is not None and not self.should_exit:
-            if self.lifecycle.inflight == 0:
+            if self.lifecycle.draining_for == 0:
                 logger.info("drained; shutting down")
                 self.should_exit = True
             elif time.monotonic() >= self.drain_deadline:
