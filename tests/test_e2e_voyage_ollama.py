@@ -269,8 +269,9 @@ def test_sdks_at_the_wrong_base_url_are_told_the_right_one(srv: RemoteServer) ->
     import cohere
 
     wrong = voyageai.Client(api_key="x", base_url=srv.url + "/v1", max_retries=0)
-    with pytest.raises(voyageai.error.InvalidRequestError, match="/voyage/v1"):
-        wrong.rerank("a query", ["a document"], model="reranker")
+    with pytest.raises(voyageai.error.VoyageError, match="/voyage/v1") as told:
+        wrong.rerank("a query", ["a document"], model="reranker")  # Cohere's 400 body
+    assert told.value.http_status == 400
     with pytest.raises(voyageai.error.VoyageError, match="/voyage/v1"):
         wrong.contextualized_embed([["a chunk"]], model="minilm")
     co = cohere.ClientV2(api_key="x", base_url=srv.url + "/v1")

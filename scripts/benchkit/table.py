@@ -219,8 +219,6 @@ HEADLINES = [
     ("precision", "quiet.default / quiet.library"),
     ("precision", "quiet.default / quiet.fastembed"),
     ("precision", "neighbour.default / neighbour.library"),
-    ("shared-cpu", "quiet.default / quiet.library"),
-    ("shared-cpu", "neighbour.default / neighbour.library-best"),
     ("one-client", "ours.p50_1 / library.p50_1"),
     ("one-client", "ours.p50_16 / library.p50_16"),
     ("one-client", "ours.p99_16 / infinity.p99_16"),

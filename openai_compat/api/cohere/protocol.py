@@ -132,7 +132,8 @@ class RerankRequest(BaseModel):
     top_k: Any = Field(
         None,
         description="Voyage AI's name for top_n, which the voyageai SDK sends: refused with a "
-        "400 naming the Voyage base URL (/voyage/v1), whose answer that SDK reads.",
+        "400 (Cohere's body) naming the Voyage base URL (/voyage/v1), whose answer that SDK "
+        "reads.",
     )
     return_documents: bool | None = Field(
         None, description="Include each document in its result (default false)."

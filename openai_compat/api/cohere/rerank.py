@@ -26,7 +26,7 @@ from openai_compat.api.request import (
 )
 from openai_compat.api.voyage.protocol import VOYAGE_HINT
 from openai_compat.formats.encoding import orjson_response
-from openai_compat.ground.errors import BadRequest, set_family
+from openai_compat.ground.errors import BadRequest
 from openai_compat.inference.page_rerank import rerank_documents
 from openai_compat.inference.scoring import RerankResult, check_top_n, document_texts, rerank_texts
 
@@ -64,7 +64,6 @@ async def _rerank(request: Request, model: type[RerankRequest], version: str) ->
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, model)
     if "top_k" in body.model_fields_set:  # the voyageai SDK at the wrong base URL
-        set_family(request, "voyage")
         raise BadRequest(f"{request.url.path} is Cohere's rerank; {VOYAGE_HINT}", param="top_k")
     entry = await registry.require(body.model, "rerank")
     check_top_n(body.top_n)
