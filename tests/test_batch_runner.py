@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from openai_compat.batch import runner as runner_module
+from openai_compat.batch import waves as waves_module
 from openai_compat.batch.runner import Gate, Runner
 from openai_compat.batch.service import batch_object
 from openai_compat.batch.store import Store
@@ -56,14 +57,14 @@ async def test_the_next_wave_is_sent_before_the_last_one_is_committed(
         return 200, orjson.dumps({"echo": text}), f"req-{text}"
 
     seen_during_first_fsync: list[bool] = []
-    real_fsync = runner_module.fsync_both
+    real_fsync = waves_module.fsync_both
 
     def fsync(*files: BinaryIO) -> None:  # runs in a thread: the loop stays free
         if not seen_during_first_fsync:
             seen_during_first_fsync.append(third_line_sent.wait(timeout=5))
         real_fsync(*files)
 
-    monkeypatch.setattr(runner_module, "fsync_both", fsync)
+    monkeypatch.setattr(waves_module, "fsync_both", fsync)
     await Runner(lambda: store, dispatch, Gate(), max_requests=100).run(batch_id)
     assert seen_during_first_fsync == [True]  # wave 2 was in flight while wave 1 was synced
     records = output(store, batch_id)
@@ -240,7 +241,7 @@ async def test_a_failed_batch_keeps_the_lines_it_finished(
     committed before that is still a file the client can read."""
     store, batch_id = job(tmp_path)
     syncs = 0
-    real_fsync = runner_module.fsync_both
+    real_fsync = waves_module.fsync_both
 
     def fsync(*files: BinaryIO) -> None:
         nonlocal syncs
@@ -249,7 +250,7 @@ async def test_a_failed_batch_keeps_the_lines_it_finished(
             raise OSError("disk gone")
         real_fsync(*files)
 
-    monkeypatch.setattr(runner_module, "fsync_both", fsync)
+    monkeypatch.setattr(waves_module, "fsync_both", fsync)
     runner = Runner(lambda: store, echo, Gate(), max_requests=100)
     gate_stop = Gate(stopping=lambda: store.status(batch_id) == "failed")
     runner.gate = gate_stop

@@ -62,16 +62,16 @@ async def test_a_crashed_runner_is_restarted_and_ready_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     crashes = 0
-    real_open_batches = Store.open_batches
+    real_open_batches = Store.open_batch_owners
 
-    def open_batches(self: Store) -> list[dict[str, Any]]:
+    def open_batches(self: Store) -> list[tuple[str, str]]:
         nonlocal crashes
         if crashes < 2:  # the store breaks under the runner twice (a disk error, say)
             crashes += 1
             raise OSError("disk I/O error")
         return real_open_batches(self)
 
-    monkeypatch.setattr(Store, "open_batches", open_batches)
+    monkeypatch.setattr(Store, "open_batch_owners", open_batches)
     monkeypatch.setattr(service_module, "RESTART_MIN_S", 0.3)  # long enough to be seen
     async with app_client(_settings(tmp_path / "data")) as client:
         assert (await client.get("/ready")).json()["batch_runner"]["state"] == "idle"

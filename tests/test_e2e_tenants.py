@@ -84,6 +84,12 @@ models = ["minilm"]
 tpm = 600
 
 [[keys]]
+name = "slowpace"
+key_sha256 = "{sha("slowpace-key")}"
+models = ["minilm"]
+tpm = 60
+
+[[keys]]
 name = "rerank-only"
 key_sha256 = "{sha("rerank-only-key")}"
 models = ["reranker"]
@@ -393,6 +399,53 @@ def test_a_batch_under_a_tpm_waits_for_the_owner_budget_and_finishes(srv: Remote
     # the lines took 640 tokens: the owner's bucket holds what refilled since, not a refund
     probe = post(srv, "/v1/embeddings", "pacer-key", {"model": "minilm", "input": "hi"})
     assert int(probe.headers["x-ratelimit-remaining-tokens"]) < 100, probe.headers
+
+
+def test_a_paced_batch_holds_no_other_keys_batch_and_a_cancel_keeps_what_ran(
+    srv: RemoteServer,
+) -> None:
+    """#61 item 3: a tpm-60 key's batch of six 20-token lines runs three at once and parks
+    the rest on its budget (20 s a line); another key's one-line batch, submitted after,
+    completes meanwhile (it sat in `validating` behind it before); a cancel keeps the three
+    lines that ran and were charged (the whole wave was dropped before)."""
+    text = "word " * 18  # 20 tokens with [CLS] and [SEP]
+    paced_lines = [
+        {"custom_id": f"paced-{i}", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "minilm", "input": text}}
+        for i in range(6)
+    ]  # fmt: skip
+    paced = openai.OpenAI(base_url=srv.url + "/v1", api_key="slowpace-key", max_retries=0)
+    upload = paced.files.create(
+        file=("in.jsonl", "\n".join(json.dumps(x) for x in paced_lines).encode()),
+        purpose="batch",
+    )
+    slow = paced.batches.create(
+        input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    deadline = time.monotonic() + 30
+    while (job := paced.batches.retrieve(slow.id)).request_counts is None or (
+        job.request_counts.total != 6
+    ):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+    other = openai.OpenAI(base_url=srv.url + "/v1", api_key="scoped-key", max_retries=0)
+    line = {"custom_id": "quick", "method": "POST", "url": "/v1/embeddings",
+            "body": {"model": "minilm", "input": "hello"}}  # fmt: skip
+    started = time.monotonic()
+    quick = run_batch(other, [line], timeout=15)
+    assert quick.status == "completed", quick
+    assert time.monotonic() - started < 10
+    assert paced.batches.retrieve(slow.id).status == "in_progress"  # still paced
+    paced.batches.cancel(slow.id)
+    deadline = time.monotonic() + 30
+    while (job := paced.batches.retrieve(slow.id)).status != "cancelled":
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+    assert job.request_counts is not None and job.request_counts.completed == 3
+    assert job.output_file_id is not None
+    rows = [json.loads(r) for r in paced.files.content(job.output_file_id).text.splitlines()]
+    assert sorted(r["custom_id"] for r in rows) == ["paced-0", "paced-1", "paced-2"]
+    assert all(r["response"]["body"]["usage"]["prompt_tokens"] == 20 for r in rows)
 
 
 def test_tei_root_and_info_serve_the_first_model_the_key_can_see(srv: RemoteServer) -> None:

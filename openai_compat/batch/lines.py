@@ -331,19 +331,26 @@ def expire_rest(
     inp: BinaryIO,
     err: BinaryIO,
     physical: int,
+    first: int = 0,
+    skip: frozenset[int] = frozenset(),
     big: BigSplit | None = None,
     max_bytes: int | None = None,
-) -> int:
-    """Blocking: an error record for every line from inp's position on, as OpenAI writes for
-    a batch that expired (code batch_expired); how many."""
-    n = 0
+) -> tuple[int, int]:
+    """Blocking: an error record for every line from inp's position on (line `first` on,
+    after the file's line `physical`), as OpenAI writes for a batch that expired (code
+    batch_expired), but for the line numbers in `skip` (run already); the records written,
+    and the non-blank lines passed."""
+    written = passed = 0
     for raw in inp:
         physical += 1
         if not raw.strip():
             continue
+        passed += 1
+        if first + passed - 1 in skip:
+            continue
         custom_id, _ = envelope(raw, big, max_bytes)
         record = expired_record(custom_id, physical)
         err.write(record.encoded() + b"\n")
-        n += 1
+        written += 1
     err.flush()
-    return n
+    return written, passed

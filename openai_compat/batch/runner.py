@@ -12,6 +12,11 @@ Online traffic first: lines go in waves, each written, fsynced and committed: id
 holds up to WAVE_INPUTS inputs (engine batches stay full); while live requests are in
 flight, a wave is one line, sent only when they pause (or after MAX_YIELD seconds), so a live
 request waits behind at most one line's inputs.
+
+Owners take turns: each owner's open batches run oldest first in a worker of its own (up to
+MAX_OWNERS at once), so a batch paced by its owner's tokens per minute (its lines wait in the
+owner's budget) holds up only that owner's other batches, never another key's. A wave cut
+short keeps its finished lines (waves.py).
 """
 
 from __future__ import annotations
@@ -34,15 +39,15 @@ from openai_compat.batch.lines import (
     OffLoop,
     Retry,
     count_lines,
-    expire_rest,
     read_wave,
     run_line,
     scan,
 )
-from openai_compat.batch.outputs import DataLost, fsync_both, reopen_outputs
+from openai_compat.batch.outputs import DataLost, reopen_outputs
 from openai_compat.batch.pending import Pending
 from openai_compat.batch.refusals import Refusals
 from openai_compat.batch.store import Progress, Store
+from openai_compat.batch.waves import Books, NoRoom, Wave
 from openai_compat.tenants import batch_owner
 
 logger = logging.getLogger("openai_compat.batch")
@@ -51,6 +56,7 @@ CHUNK = 64  # most lines sent at once (one commit each wave)
 WAVE_INPUTS = 64  # inputs a wave stops at, while no live request is in flight
 MAX_YIELD = 1.0  # seconds a chunk waits for live traffic to pause before it goes anyway
 CANCEL_POLL_S = 0.5  # how soon a cancel is seen while a wave's lines are in the engine
+MAX_OWNERS = 16  # owners whose batches run at once (each in a worker of its own)
 
 
 @dataclass
@@ -65,15 +71,6 @@ class Gate:
         # a counter, not an event: polled every 5 ms, for at most MAX_YIELD
         while self.live() > 0 and time.monotonic() < deadline and not self.stopping():  # noqa: ASYNC110
             await asyncio.sleep(0.005)
-
-
-@dataclass
-class _Wave:
-    first: int  # the number of its first line (non-blank lines counted from 0)
-    offset: int  # in the input file, after its last line
-    physical: int  # the file's line number of its last line (1-based)
-    lines: list[tuple[int, bytes]]  # (line number, raw line)
-    task: asyncio.Future[list[LineResult | Retry]]  # Retry: refused for now (429/503)
 
 
 class Runner:
@@ -111,23 +108,41 @@ class Runner:
         return self._store()
 
     async def serve(self) -> None:
-        """Run open batches, oldest first, for as long as the server lives."""
-        while not self.gate.stopping():
-            for obj in await asyncio.to_thread(self.store.open_batches):
-                if self.gate.stopping():
-                    return
-                if self.refusals.deferred(obj["id"]):
-                    continue
-                try:
-                    await self.run(obj["id"])
-                except Exception:  # one broken job must not stop the others
-                    logger.exception("batch %s failed", obj["id"])
-                    await asyncio.to_thread(
-                        self._fail, obj["id"], "server_error", "The batch failed on the server."
-                    )
-            self.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=self.refusals.idle_wait())
+        """Run open batches for as long as the server lives: a worker per owner (oldest
+        batch first), each running its owner's batches oldest first."""
+        workers: dict[str, asyncio.Task[None]] = {}
+        try:
+            while not self.gate.stopping():
+                open_now = await asyncio.to_thread(self.store.open_batch_owners)
+                for owner in [o for o, task in workers.items() if task.done()]:
+                    del workers[owner]
+                for owner in dict.fromkeys(owner for _, owner in open_now):
+                    if owner in workers or len(workers) >= MAX_OWNERS:
+                        continue
+                    ids = [i for i, o in open_now if o == owner and not self.refusals.deferred(i)]
+                    if ids:
+                        workers[owner] = asyncio.create_task(self._turns(ids))
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout=self.refusals.idle_wait())
+        finally:
+            for task in workers.values():
+                task.cancel()
+            await asyncio.gather(*workers.values(), return_exceptions=True)
+
+    async def _turns(self, batch_ids: list[str]) -> None:
+        """One owner's batches, oldest first, each as far as it goes now."""
+        for batch_id in batch_ids:  # serve() asked gate.stopping() just before
+            if self.refusals.deferred(batch_id):
+                continue
+            try:
+                await self.run(batch_id)
+            except Exception:  # one broken job must not stop the others
+                logger.exception("batch %s failed", batch_id)
+                message = "The batch failed on the server."
+                await asyncio.to_thread(self._fail, batch_id, "server_error", message)
+            if self.gate.stopping():
+                return
 
     def _fail(self, batch_id: str, code: str, message: str) -> None:
         fail(self.store, batch_id, code, message)
@@ -179,13 +194,14 @@ class Runner:
         folder = self.store.batch_dir(batch_id)
         out_path, err_path = folder / "output.jsonl", folder / "errors.jsonl"
         await asyncio.to_thread(reopen_outputs, folder, (out_path, err_path), progress)
-        counts = obj["request_counts"]
         committed_line = await asyncio.to_thread(count_lines, input_path, progress.input_offset)
+        endpoint = obj["endpoint"]
         with input_path.open("rb") as inp, out_path.open("ab") as out, err_path.open("ab") as err:
             inp.seek(progress.input_offset)
+            books = Books(self.store, batch_id, (out, err), obj["request_counts"], progress)
             next_line = committed_line  # the file's line number the next read starts after
-            dups = progress.duplicates
-            wave: _Wave | None = None  # sent, its results not written yet
+            wave: Wave | None = None  # sent, its results not written yet
+            keep = True  # an exit keeps the finished lines of the wave in flight
             try:
                 status = await asyncio.to_thread(self.store.status, batch_id)
                 while True:
@@ -193,27 +209,11 @@ class Runner:
                         obj["status"] = "cancelling"
                         return True
                     if obj["expires_at"] is not None and time.time() > obj["expires_at"]:
-                        # what was done stays; every line not run gets its error record
-                        inp.seek(progress.input_offset)
-                        expired = await asyncio.to_thread(
-                            expire_rest, inp, err, committed_line, self.big, self.max_bytes
-                        )
-                        counts["failed"] += expired
-                        await asyncio.to_thread(fsync_both, out, err)
-                        progress = Progress(
-                            inp.tell(),
-                            progress.lines_read + expired,
-                            out.tell(),
-                            err.tell(),
-                            dups,
-                        )
-                        await asyncio.to_thread(
-                            self.store.commit_wave,
-                            batch_id,
-                            counts["completed"],
-                            counts["failed"],
-                            progress,
-                        )
+                        if wave is not None:  # what was done stays; the rest is expired
+                            await books.keep(wave)
+                            wave.drop()
+                            wave = None
+                        await books.expire(inp, committed_line, self.big, self.max_bytes)
                         return True  # _finalize closes it as expired
                     if self.gate.stopping():
                         return False
@@ -221,64 +221,48 @@ class Runner:
                         await self.gate.wait()
                         # idle: a wave fills engine batches; live requests in flight: one line
                         busy = self.gate.live() > 0
-                        wave = await self._send(
-                            inp, obj["endpoint"], progress.lines_read, next_line, dups, busy
-                        )
+                        at = books.progress.lines_read
+                        wave = await self._send(inp, endpoint, at, next_line, books, busy)
                         if wave is None:
                             return True
                         next_line = wave.physical
-                    answered = await self._answered(obj, wave, obj["endpoint"], dups)
+                    answered = await self._answered(obj, wave, endpoint, books.progress)
                     if answered == "cancelling":
-                        obj["status"] = "cancelling"  # the wave's lines are dropped
+                        obj["status"] = "cancelling"  # the wave's finished lines are kept
                         return True
                     if answered == "expired":
-                        wave = None  # its lines get their expiry records from the top
-                        continue
-                    if answered == "deferred":
-                        return False  # the other batches go first; resumed after a back-off
-                    if answered is None:
-                        return False  # stopping: the wave is done again on resume
-                    results = answered
+                        continue  # the rest get their expiry records at the top
+                    if answered == "deferred" or answered is None:
+                        # deferred: the other batches go first, resumed after a back-off;
+                        # None: stopping; either way the refused lines are sent on resume
+                        return False
                     done, wave = wave, None
                     # Idle: the next wave goes to the engine now, while this one is written,
                     # fsynced and committed (the engine would otherwise wait for the disk).
                     if self.gate.live() == 0 and not self.gate.stopping():
-                        next_first = done.first + len(results)
-                        wave = await self._send(
-                            inp, obj["endpoint"], next_first, next_line, dups, False
-                        )
+                        at = done.first + done.count
+                        wave = await self._send(inp, endpoint, at, next_line, books, False)
                         if wave is not None:
                             next_line = wave.physical
-                    records = [(r.ok, r.encoded() + b"\n") for r in results]
-                    adding = sum(len(record) for _, record in records)
-                    refused = await asyncio.to_thread(self.store.room, adding)
-                    if refused is not None:
-                        raise NoRoom(refused[1])
-                    for ok, record in records:
-                        (out if ok else err).write(record)
-                        counts["completed" if ok else "failed"] += 1
-                    out.flush()
-                    err.flush()
-                    await asyncio.to_thread(fsync_both, out, err)
-                    progress = Progress(
-                        done.offset,
-                        done.first + len(results),
-                        out.tell(),
-                        err.tell(),
-                        dups,
-                    )
-                    status = await asyncio.to_thread(
-                        self.store.commit_wave,
-                        batch_id,
-                        counts["completed"],
-                        counts["failed"],
-                        progress,
-                    )
+                    status = await books.advance(done, answered)
                     committed_line = done.physical
+            except BaseException as exc:
+                keep = isinstance(exc, asyncio.CancelledError)  # the server stops
+                raise
             finally:
-                if wave is not None:  # sent ahead, never written: done again on resume
-                    wave.task.cancel()
-                    wave.task.add_done_callback(_retrieve)
+                if wave is not None:
+                    if keep:
+                        await self._keep(books, wave)
+                    wave.drop()
+
+    async def _keep(self, books: Books, wave: Wave) -> None:
+        try:
+            kept = await books.keep(wave)
+        except Exception:  # they run again on resume
+            logger.exception("batch %s: the finished lines of a wave cut short", books.batch_id)
+            return
+        if kept:
+            logger.info("batch %s: %d line(s) of a wave cut short kept", books.batch_id, kept)
 
     async def _send(
         self,
@@ -286,23 +270,29 @@ class Runner:
         endpoint: str,
         first: int,
         physical: int,
-        duplicates: frozenset[int],
+        books: Books,
         busy: bool,
-    ) -> _Wave | None:
-        """Read the next wave of lines (request `first` on, after the file's line
-        `physical`) and send them; None at the end."""
+    ) -> Wave | None:
+        """Read the next wave of lines (line `first` on, after the file's line `physical`)
+        and send those not run before; None at the end."""
         lines, offset, last = await asyncio.to_thread(
             read_wave, inp, 1 if busy else CHUNK, self.wave_inputs, physical
         )
         if not lines:
             return None
-        task = asyncio.gather(
-            *(
-                self._attempt(raw, endpoint, first + i in duplicates, number)
-                for i, (number, raw) in enumerate(lines)
+        progress = books.progress
+        todo = [
+            (first + i, number, raw)
+            for i, (number, raw) in enumerate(lines)
+            if first + i not in progress.done_ahead
+        ]
+        tasks = [
+            asyncio.ensure_future(
+                self._attempt(raw, endpoint, index in progress.duplicates, number)
             )
-        )
-        return _Wave(first, offset, last, lines, task)
+            for index, number, raw in todo
+        ]
+        return Wave(first, len(lines), offset, last, todo, tasks)
 
     async def _attempt(
         self, raw: bytes, endpoint: str, duplicate: bool, number: int
@@ -322,7 +312,7 @@ class Runner:
             return retry
 
     async def _answered(
-        self, obj: dict[str, Any], wave: _Wave, endpoint: str, duplicates: frozenset[int]
+        self, obj: dict[str, Any], wave: Wave, endpoint: str, progress: Progress
     ) -> list[LineResult] | Literal["cancelling", "expired", "deferred"] | None:
         """Every line of the wave answered: the refused ones (429/503) sent again, alone of
         the rest (a finished line is never sent twice), backing off 0.2 s doubling to 5 s;
@@ -332,13 +322,13 @@ class Runner:
         run meanwhile). Lines refused with 503 for GIVE_UP_503_S fail with that answer
         (refusals.py)."""
         batch_id = obj["id"]
-        while not wave.task.done():
-            await asyncio.wait({wave.task}, timeout=CANCEL_POLL_S)
-            if not wave.task.done():
+        while not all(task.done() for task in wave.tasks):
+            await asyncio.wait(wave.tasks, timeout=CANCEL_POLL_S)
+            if not all(task.done() for task in wave.tasks):
                 status = await asyncio.to_thread(self.store.status, batch_id)
                 if status == "cancelling":
                     return "cancelling"
-        results = wave.task.result()
+        results = wave.results = [task.result() for task in wave.tasks]
         pause = refusals.RETRY_PAUSE
         gave_up = False
         while True:
@@ -375,7 +365,10 @@ class Runner:
             again = await asyncio.gather(
                 *(
                     self._attempt(
-                        wave.lines[i][1], endpoint, wave.first + i in duplicates, wave.lines[i][0]
+                        wave.lines[i][2],
+                        endpoint,
+                        wave.lines[i][0] in progress.duplicates,
+                        wave.lines[i][1],
                     )
                     for i in refused
                 )
@@ -385,14 +378,3 @@ class Runner:
 
     def _finalize(self, obj: dict[str, Any]) -> None:
         finalize(self.store, obj)
-
-
-class NoRoom(RuntimeError):
-    """The data dir's quota or free-disk floor would be passed: the batch fails with what it
-    committed so far."""
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """A dropped wave's outcome is not wanted (no 'exception never retrieved' warning)."""
-    if not task.cancelled():
-        task.exception()

@@ -56,7 +56,12 @@ _V3 = """
 ALTER TABLE batches ADD COLUMN served TEXT;
 ALTER TABLE batches ADD COLUMN models TEXT;
 """
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+# Version 4: lines finished out of order past the committed offset (a wave cut short by a
+# cancel, an expiry, a deferral or a stop keeps its finished lines; a resume skips them).
+_V4 = """
+ALTER TABLE batches ADD COLUMN done_ahead TEXT NOT NULL DEFAULT '[]';
+"""
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -69,6 +74,8 @@ class Progress:
     output_bytes: int = 0
     error_bytes: int = 0
     duplicates: frozenset[int] = frozenset()  # line numbers whose custom_id came before
+    # line numbers at or past lines_read already run, their records written (a wave cut short)
+    done_ahead: frozenset[int] = frozenset()
 
 
 def new_id(prefix: str) -> str:

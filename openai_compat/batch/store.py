@@ -159,10 +159,14 @@ class Store:
 
     def file_in_use(self, file_id: str) -> str | None:
         """The open batch reading this file, if any."""
-        for batch in self.open_batches():
-            if batch["input_file_id"] == file_id:
-                return str(batch["id"])
-        return None
+        marks = ",".join("?" * len(OPEN_STATUSES))
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT id FROM batches WHERE status IN ({marks}) "
+                "AND json_extract(obj, '$.input_file_id') = ?",
+                (*OPEN_STATUSES, file_id),
+            ).fetchone()
+        return None if row is None else str(row["id"])
 
     # ------------------------------------------------------------ disk
 
@@ -253,15 +257,15 @@ class Store:
     ) -> tuple[list[dict[str, Any]], bool]:
         return self._page("batches", after, limit, "desc", {"owner": owner}, batch_from_row)
 
-    def open_batches(self) -> list[dict[str, Any]]:
+    def open_batch_owners(self) -> list[tuple[str, str]]:
+        """(batch id, owner) of every open batch, oldest first."""
         marks = ",".join("?" * len(OPEN_STATUSES))
         with self._lock:
             rows = self._db.execute(
-                f"SELECT obj, completed, failed FROM batches WHERE status IN ({marks}) "
-                "ORDER BY seq",
+                f"SELECT id, owner FROM batches WHERE status IN ({marks}) ORDER BY seq",
                 OPEN_STATUSES,
             ).fetchall()
-        return [batch_from_row(r) for r in rows]
+        return [(str(r["id"]), str(r["owner"])) for r in rows]
 
     def progress(self, batch_id: str) -> Progress:
         with self._lock:
@@ -272,6 +276,7 @@ class Store:
             row["output_bytes"],
             row["error_bytes"],
             frozenset(json.loads(row["duplicates"])),
+            frozenset(json.loads(row["done_ahead"])),
         )
 
     def save(self, obj: dict[str, Any], progress: Progress | None = None) -> None:
@@ -290,13 +295,14 @@ class Store:
             if progress is not None:
                 db.execute(
                     "UPDATE batches SET input_offset = ?, lines_read = ?, output_bytes = ?, "
-                    "error_bytes = ?, duplicates = ? WHERE id = ?",
+                    "error_bytes = ?, duplicates = ?, done_ahead = ? WHERE id = ?",
                     (
                         progress.input_offset,
                         progress.lines_read,
                         progress.output_bytes,
                         progress.error_bytes,
                         json.dumps(sorted(progress.duplicates)),
+                        json.dumps(sorted(progress.done_ahead)),
                         obj["id"],
                     ),
                 )
@@ -309,7 +315,7 @@ class Store:
         with self._tx() as db:
             db.execute(
                 "UPDATE batches SET completed = ?, failed = ?, input_offset = ?, lines_read = ?, "
-                "output_bytes = ?, error_bytes = ? WHERE id = ?",
+                "output_bytes = ?, error_bytes = ?, done_ahead = ? WHERE id = ?",
                 (
                     completed,
                     failed,
@@ -317,6 +323,7 @@ class Store:
                     progress.lines_read,
                     progress.output_bytes,
                     progress.error_bytes,
+                    json.dumps(sorted(progress.done_ahead)),
                     batch_id,
                 ),
             )
