@@ -160,8 +160,13 @@ def serve(settings: Settings) -> int:
     from openai_compat.web.server import DrainingServer, PortInUse, bind
 
     logs.configure(settings.log_level, settings.log_format)
+    if settings.metrics_port is not None and settings.metrics_port == settings.port:
+        print("openai-compat: --metrics-port must differ from --port", file=sys.stderr)
+        return 2
     try:
-        listening = bind(settings.host, settings.port)
+        listening = [bind(settings.host, settings.port)]
+        if settings.metrics_port is not None:
+            listening.append(bind(settings.host, settings.metrics_port))
     except PortInUse as exc:
         print(f"openai-compat: {exc}", file=sys.stderr)
         return 2
@@ -178,7 +183,7 @@ def serve(settings: Settings) -> int:
         server.should_exit = True
 
     app.state.lifecycle.on_fatal = on_fatal
-    server.run(sockets=[listening])
+    server.run(sockets=listening)
     status = 0
     if fatal:
         print(f"openai-compat: {fatal[0]}", file=sys.stderr)

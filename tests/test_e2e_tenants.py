@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from tests.utils import RemoteServer, run_batch
+from tests.utils import RemoteServer, free_port, run_batch
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +109,13 @@ def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def srv(keys_file: Path, minilm_path: str) -> Iterator[RemoteServer]:
+def metrics_url() -> str:
+    """The server's metrics port (--metrics-port): /metrics alone, no key."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture(scope="module")
+def srv(keys_file: Path, minilm_path: str, metrics_url: str) -> Iterator[RemoteServer]:
     from tests.test_native_engine import tiny_cross_encoder
 
     config = keys_file.parent / "models.toml"
@@ -122,7 +128,8 @@ def srv(keys_file: Path, minilm_path: str) -> Iterator[RemoteServer]:
         f'[[models]]\nname = "classifier"\nmodel = "{classifier}"\n'
     )
     args = ["--config", str(config), "--keys-file", str(keys_file), "--api-key", "legacy"]
-    with RemoteServer([*args, "--cache-bytes", "0"]) as server:
+    args += ["--cache-bytes", "0", "--metrics-port", metrics_url.rsplit(":", 1)[1]]
+    with RemoteServer(args) as server:
         yield server
 
 
@@ -271,7 +278,7 @@ def test_permissions_for_batches_and_admin(srv: RemoteServer) -> None:
     assert asked.status_code == 404
 
 
-def test_usage_by_key_in_metrics_and_the_access_log(srv: RemoteServer) -> None:
+def test_usage_by_key_in_metrics_and_the_access_log(srv: RemoteServer, metrics_url: str) -> None:
     post(srv, "/v1/embeddings", "scoped-key", {"model": "minilm", "input": ["a b c"]})
     # with a keys file /metrics is an admin's: its series name every key and model
     assert httpx.get(srv.url + "/metrics").status_code == 401
@@ -279,6 +286,20 @@ def test_usage_by_key_in_metrics_and_the_access_log(srv: RemoteServer) -> None:
     assert refused.status_code == 403 and "admin = true" in refused.json()["error"]["message"]
     metrics = httpx.get(srv.url + "/metrics", headers=bearer("ops-key")).text
     assert 'openai_compat_key_requests_total{key="scoped",status="200"}' in metrics
+    # #61 item 13: the platform's scraper reads the same registry on the metrics port, with no
+    # credential, and that port serves nothing else (an API key gets no route there either)
+    scraped = httpx.get(metrics_url + "/metrics")
+    assert scraped.status_code == 200, scraped.text
+    assert scraped.headers["content-type"].startswith("text/plain; version=")
+    assert 'openai_compat_key_requests_total{key="scoped",status="200"}' in scraped.text
+    assert "openai_compat_queued_inputs" in scraped.text  # the autoscaler's series
+    for path in ("/v1/models", "/health", "/ready", "/admin/models", "/docs"):
+        other = httpx.get(metrics_url + path, headers=bearer("ops-key"))
+        assert other.status_code == 404, (path, other.text)
+    body = {"model": "minilm", "input": "x"}
+    embed = httpx.post(metrics_url + "/v1/embeddings", json=body, headers=bearer("scoped-key"))
+    assert embed.status_code == 404
+    assert httpx.post(metrics_url + "/metrics").status_code == 405
     assert 'openai_compat_key_requests_total{key="requests",status="429"}' in metrics
     assert 'openai_compat_key_tokens_total{key="scoped"}' in metrics
     assert "scoped-key" not in srv.output()  # the key itself is never written

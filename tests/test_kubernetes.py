@@ -55,9 +55,21 @@ def test_the_deployment_matches_the_image() -> None:
     port = int(re.search(r"OPENAI_COMPAT_PORT=(\d+)", dockerfile).group(1))  # type: ignore[union-attr]
     assert f"EXPOSE {port}" in dockerfile
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": port}
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["OPENAI_COMPAT_HOST"] == "0.0.0.0" and env["OPENAI_COMPAT_PORT"] == str(port)
+    # Prometheus scrapes the metrics port (no key needed, also with a keys file), which the
+    # Service does not expose
+    metrics_port = int(env["OPENAI_COMPAT_METRICS_PORT"])
+    assert ports == {"http": port, "metrics": metrics_port}
+    for pods in (deployment, _objects("openai-compat.yaml")[5]):
+        notes = pods["spec"]["template"]["metadata"]["annotations"]
+        assert notes["prometheus.io/port"] == str(metrics_port)
+        assert notes["prometheus.io/path"] == "/metrics"
+        (each,) = pods["spec"]["template"]["spec"]["containers"]
+        assert {e["name"]: e.get("value") for e in each["env"]}[
+            "OPENAI_COMPAT_METRICS_PORT"
+        ] == str(metrics_port)
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
     # probes: /health for liveness and start-up (200 while models load), /ready for readiness
     assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert container["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}

@@ -77,6 +77,13 @@ class Settings(BaseModel):
 
     host: str = _opt("127.0.0.1", "Address to bind.")
     port: int = _opt(8000, "Port to bind.", ge=0, le=65535)
+    metrics_port: int | None = _opt(
+        None,
+        "A second port, on --host, serving GET /metrics alone with no key (for a platform's "
+        "scraper and autoscaler; expose it to them only). Unset: /metrics on --port only.",
+        ge=1,
+        le=65535,
+    )
     model: tuple[str, ...] = _opt(
         (),
         "Model to serve as [NAME=]MODEL (hub id, local folder or builtin:all-MiniLM-L6-v2); "

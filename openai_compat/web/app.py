@@ -44,6 +44,7 @@ from openai_compat.models.registry import EngineFailure, ModelEntry, Registry
 from openai_compat.tenants import Tenants
 from openai_compat.web.base_urls import BaseUrlHints
 from openai_compat.web.fastpath import FastPathMiddleware, fast_path_table
+from openai_compat.web.metrics_port import MetricsListener
 from openai_compat.web.middleware import GatewayMiddleware
 
 logger = logging.getLogger("openai_compat")
@@ -88,9 +89,12 @@ def ready_line(settings: Settings, registry: Registry) -> str:
     lazy = [c.served_name for c in registry.configs if c.load == "lazy"]
     models = ", ".join(c.served_name for c in registry.configs if c.load != "lazy") or "none"
     models += f" (lazy: {', '.join(lazy)})" if lazy else ""
+    metrics = ""
+    if settings.metrics_port is not None:
+        metrics = f"; metrics alone on http://{shown}:{settings.metrics_port}/metrics"
     return (
         f"ready on {url} (OpenAI base_url {url}/v1); playground {url}/playground, API docs "
-        f"{url}/docs; models: {models}"
+        f"{url}/docs{metrics}; models: {models}"
     )
 
 
@@ -246,6 +250,8 @@ def create_app(
         known_paths=known,
         tenants=tenants,
     )
+    if settings.metrics_port is not None:  # its own port: /metrics alone, no key
+        app.add_middleware(MetricsListener, port=settings.metrics_port, metrics=metrics)
     return app
 
 
