@@ -256,7 +256,7 @@ def check_families(url: str, want: np.ndarray) -> dict[str, str]:
     elif dtype == "bfloat16":
         cosines = (first * want).sum(axis=1)
         assert cosines.min() >= 0.999, f"bfloat16 vectors' cosine to float32's: {cosines}"
-        agreement = f"cosine >= {cosines.min():.4f} to sentence-transformers' float32 encode"
+        agreement = f"cosine >= {cosines.min():.5f} to sentence-transformers' float32 encode"
     else:
         raise AssertionError(f"the default model runs in {dtype!r} on a CPU")
     seen["openai (SDK, float)"] = agreement
