@@ -183,3 +183,25 @@ async def test_batch_api_off_leaves_no_files_or_batch_routes(tmp_path: object) -
         r = await c.post("/v1/embeddings", json={"model": "debug", "input": "abc"})
         assert r.status_code == 200
         assert "/v1/files" not in (await c.get("/openapi.json")).json()["paths"]
+
+
+async def test_too_many_inputs_are_refused_before_the_list_is_walked(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#61 item 5: a batch line of 5 million one-word strings (20 MB) held the event loop
+    0.3 s while /v1/embeddings looked through them for Jina's content items, before the
+    count refused them; the count now comes first (max_inputs_per_request is 4 here)."""
+    from openai_compat.api.openai import embeddings
+
+    def walked(given: object) -> None:
+        raise AssertionError("the input list was walked before its count was checked")
+
+    monkeypatch.setattr(embeddings, "content_items", walked)
+    r = await client.post("/v1/embeddings", json={"model": "debug", "input": ["a"] * 5})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == ("too_many_inputs", "input")
+    # one list of token ids is one input, however long (OpenAI's reading): not refused
+    monkeypatch.undo()
+    ids = await client.post("/v1/embeddings", json={"model": "debug", "input": [7] * 50})
+    assert ids.status_code == 200, ids.text
