@@ -104,6 +104,10 @@ def test_one_deadline_covers_drain_and_connection_wait(debug_config: Path) -> No
         assert status == 0, srv.output()[-3000:]
         assert grace - 0.5 <= took < grace + SHUTDOWN_MARGIN, took
         assert results == [503]  # cut off at the deadline: told to retry elsewhere
+        # said in two lines (the warning, the access log), not a CancelledError traceback
+        out = srv.output()
+        assert "graceful timeout: 1 request(s) still in flight" in out
+        assert "Traceback" not in out and "CancelledError" not in out, out[-3000:]
     finally:
         srv.stop()
 

@@ -1,5 +1,4 @@
-"""Pure ASGI middleware: the gateway in front of every route (the POST fast path inside it
-is fastpath.py).
+"""Pure ASGI middleware: the gateway in front of every route (the POST fast path: fastpath.py).
 
 Gateway, per HTTP request: request id (honoured or made, echoed), the caller's key (who it is,
 whether it may reach the path, its rate limits: tenants/), body size limit, refusal while
@@ -223,9 +222,10 @@ class GatewayMiddleware:
             family = family_from_prefix(path, bytes(prefix)) or family_of(path)
             await api_error_response(exc, family)(scope, receive, send_with_id)
         except asyncio.CancelledError:
-            # uvicorn cancels what is still running at the shutdown deadline: tell the client
-            # to retry elsewhere (503) rather than leaving it a 500 or a dropped connection.
-            if self.lifecycle.phase == "draining" and not state.get("response_started"):
+            # uvicorn cancels what still runs at the shutdown deadline: a 503 (retry elsewhere)
+            if self.lifecycle.phase != "draining":
+                raise
+            if not state.get("response_started"):
                 cut = ServiceUnavailable(
                     "The server shut down before this request finished; retry on another replica.",
                     code="shutdown",
@@ -233,7 +233,7 @@ class GatewayMiddleware:
                 )
                 with contextlib.suppress(Exception):
                     await api_error_response(cut, family_of(path))(scope, receive, send_with_id)
-            raise
+            # answered, not re-raised: a traceback would say no more than the warning and log
         finally:
             current_caller.reset(entered)
             if counted:
