@@ -193,6 +193,14 @@ class EmbeddingRequest(BaseModel):
         None, description="Cut each vector to its first N values and L2-normalise again."
     )
     user: StrictStr | None = None
+    output_dimension: StrictInt | None = Field(
+        None, description="Mistral's name for `dimensions` (send one of the two)."
+    )
+    output_dtype: Literal["float", "int8", "uint8", "binary", "ubinary"] | None = Field(
+        None,
+        description="Mistral's compact types: int8/uint8 scaled with the model's range, "
+        "binary/ubinary packed sign bits (base64: the bytes of that type).",
+    )
     modality: Literal["text", "image", "audio"] | None = Field(
         None,
         description="Extension: 'image' or 'audio' reads each input as an http(s) URL or a "

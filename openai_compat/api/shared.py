@@ -43,7 +43,8 @@ from openai_compat.api.tutorial.protocol import (
 )
 from openai_compat.api.vllm import VllmTokenizeRequest, vllm_tokenize
 from openai_compat.ground.bodies import Chooser
-from openai_compat.ground.errors import SHARED_KEYS, BadRequest, ErrorFamily, set_family
+from openai_compat.ground.errors import BadRequest
+from openai_compat.ground.families import SHARED_KEYS, ErrorFamily, set_family
 
 # path -> (the key that marks a dialect, the dialect, its request model), first match wins.
 SHARED_PATHS: dict[str, tuple[tuple[str, str, type[BaseModel]], ...]] = {

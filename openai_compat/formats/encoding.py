@@ -7,6 +7,7 @@ numpy arrays (shortest round-trip repr, serialised in C); base64 is one `tobytes
 from __future__ import annotations
 
 import base64
+import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -78,7 +79,8 @@ def embedding_payload(
     prompt_tokens: int,
     renormalize: bool = True,
 ) -> bytes:
-    """The OpenAI embeddings response body, as bytes (`renormalize`: see truncate_dimensions)."""
+    """The OpenAI embeddings response body, as bytes (`renormalize`: see truncate_dimensions),
+    with the `id` Mistral's SDK requires (OpenAI's clients ignore it; infinity sends one)."""
     first = np.asarray(vectors[0]) if len(vectors) else np.zeros(0)
     if first.ndim == 2 or any(np.ndim(v) != first.ndim for v in vectors):
         data = []
@@ -99,12 +101,18 @@ def embedding_payload(
         rows = encode_rows(matrix, fmt)
         data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
     body = {
+        "id": response_id(),
         "object": "list",
         "data": data,
         "model": model,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
     return orjson.dumps(body, option=_NUMPY)
+
+
+def response_id() -> str:
+    """An embeddings answer's id, as Mistral writes one ("embd-" and 32 hex digits)."""
+    return f"embd-{uuid.uuid4().hex}"
 
 
 def decode_base64_embedding(value: str) -> np.ndarray:

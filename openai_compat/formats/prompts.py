@@ -28,13 +28,28 @@ _SYNONYMS: dict[str, tuple[str, ...]] = {
     "text-matching": ("text-matching", "similarity", "sts"),
     "code.query": ("code.query", "code_query"),
     "code.passage": ("code.passage", "code_passage"),
+    # Gemini's taskType (its SDKs send one with every request); the capitalised names are
+    # the ones EmbeddingGemma's folder declares (MTEB's task names)
+    "RETRIEVAL_QUERY": ("query", "Retrieval-query", "search_query", "retrieval.query"),
+    "RETRIEVAL_DOCUMENT": ("document", "Retrieval-document", "passage", "search_document"),
+    "SEMANTIC_SIMILARITY": ("STS", "sts", "similarity", "text-matching"),
+    "CLASSIFICATION": ("Classification", "classification"),
+    "CLUSTERING": ("Clustering", "clustering"),
+    "QUESTION_ANSWERING": ("QuestionAnswering", "question_answering", "query"),
+    "FACT_VERIFICATION": ("FactVerification", "fact_verification", "query"),
+    "CODE_RETRIEVAL_QUERY": ("InstructionRetrieval", "code.query", "code_query", "query"),
 }
 
 # Cohere's input_type for image inputs: it selects the modality, never a text prompt.
 _NOT_A_PROMPT = frozenset({"image"})
 # What asks a model with query and document modes for its query side; anything else (or
 # nothing) gets the document side, the library's default (encode = encode_document).
-_QUERY_SIDE = frozenset({"query", "search_query", "retrieval.query", "code.query"})
+_QUERY_SIDE = frozenset(
+    {"query", "search_query", "retrieval.query", "code.query", "RETRIEVAL_QUERY"}
+    | {"QUESTION_ANSWERING", "FACT_VERIFICATION", "CODE_RETRIEVAL_QUERY"}
+)
+# Where a document prompt has a place for a title (EmbeddingGemma's "title: none | text: ")
+_NO_TITLE = "title: none"
 
 
 class Prompt(str):
@@ -50,6 +65,15 @@ class Prompt(str):
         prompt = cls(prefix)
         prompt.mode = mode
         return prompt
+
+
+def with_title(prompt: str, title: str | None) -> str:
+    """The prompt with the document's title in its title slot (EmbeddingGemma's documented
+    `title: {title} | text: `); a prompt without one is returned as it is."""
+    if not title or _NO_TITLE not in prompt:
+        return prompt
+    titled = prompt.replace(_NO_TITLE, f"title: {title}", 1)
+    return Prompt.of(titled, prompt.mode) if isinstance(prompt, Prompt) else titled
 
 
 def mode_of(prompt: str) -> str | None:

@@ -23,6 +23,7 @@ from openai_compat.formats.encoding import (
     EncodingFormat,
     as_matrix,
     encode_rows,
+    response_id,
     truncate_dimensions,
 )
 from openai_compat.formats.tokens import Names, TokenCounter
@@ -205,7 +206,7 @@ def long_payload(
             ]
         data.append(item)
     usage = {"prompt_tokens": result.tokens, "total_tokens": result.tokens}
-    body = {"object": "list", "data": data, "model": model, "usage": usage}
+    body = {"id": response_id(), "object": "list", "data": data, "model": model, "usage": usage}
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from openai_compat.engine.refusals import OutputTooLarge
 from openai_compat.engine.usage import TokenIds
 from openai_compat.formats.media import MediaFetcher, Modality
+from openai_compat.formats.prompts import with_title
 from openai_compat.formats.tokens import Names, input_names
 from openai_compat.frame.settings import Settings
 from openai_compat.ground.errors import BadRequest
@@ -66,6 +67,7 @@ class EmbedPlan:
     input_type: str | None = None
     prompt_name: str | None = None
     task: str | None = None
+    title: str | None = None  # a document's title, where the prompt has a place for one
     # past the window
     choose_long: bool = False
     long_input: LongInput | None = None
@@ -126,6 +128,7 @@ async def run(
         prompt = entry.prompts.choose(
             entry.name, input_type=plan.input_type, prompt_name=plan.prompt_name, task=plan.task
         )
+        prompt = with_title(prompt, plan.title)
         texts = await texts_from_input(plan.texts, entry, settings, plan.param)
         mode = _long_mode(entry, plan, texts)
         if mode in WINDOWED and entry.sparse:

@@ -26,7 +26,8 @@ from collections.abc import AsyncIterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from openai_compat.ground.errors import ServiceUnavailable, api_error_response, family_of
+from openai_compat.ground.errors import ServiceUnavailable, api_error_response
+from openai_compat.ground.families import family_of
 from openai_compat.ray_serve.remote import remote_app
 
 logger = logging.getLogger("openai_compat")

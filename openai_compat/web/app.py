@@ -17,9 +17,10 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
 from openai_compat import __version__
-from openai_compat.api import admin, docs, ollama, playground, probes, shared, vllm
+from openai_compat.api import admin, azure, docs, ollama, playground, probes, shared, vllm
 from openai_compat.api.cohere import embed as cohere_embed
 from openai_compat.api.cohere import rerank
+from openai_compat.api.gemini import routes as gemini
 from openai_compat.api.infinity import routes as infinity_routes
 from openai_compat.api.openai import classify, embeddings, models
 from openai_compat.api.request import DOCUMENTED_BODIES
@@ -33,7 +34,8 @@ from openai_compat.formats.media import MediaFetcher
 from openai_compat.frame.settings import Settings
 from openai_compat.ground import cpus, logs
 from openai_compat.ground.bodies import BodyParser
-from openai_compat.ground.errors import APIError, family_of, install_error_handlers
+from openai_compat.ground.errors import APIError, install_error_handlers
+from openai_compat.ground.families import family_of
 from openai_compat.ground.lifecycle import Lifecycle, in_daemon_thread
 from openai_compat.models import memory
 from openai_compat.models.cache import EmbeddingCache
@@ -219,6 +221,10 @@ def create_app(
         (vllm.router, "", True),
         (voyage.router, "", True),  # /voyage/v1/...: Voyage AI's API
         (ollama.router, "", True),  # /api/...: Ollama's
+        (azure.router, "", True),  # /openai/deployments/...: Azure OpenAI's
+        (models.router, "/openai/v1", False),  # Azure OpenAI's v1 API: OpenAI's own routes
+        (embeddings.router, "/openai/v1", False),
+        (gemini.router, "", True),  # /v1beta/models/{model}:embedContent...: Gemini's
     ]
     if not settings.batch_api:  # another process owns the jobs (a batch pod): no routes
         mounted = [m for m in mounted if m[0] is not batch_routes.router]

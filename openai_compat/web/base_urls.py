@@ -11,7 +11,8 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from openai_compat.api.voyage.protocol import VOYAGE_HINT
-from openai_compat.ground.errors import ErrorFamily, error_response
+from openai_compat.ground.errors import error_response
+from openai_compat.ground.families import ErrorFamily
 
 # Voyage AI's own paths, which the voyageai SDK appends to its base URL
 VOYAGE_ONLY = frozenset({"/v1/contextualizedembeddings", "/v1/multimodalembeddings"})

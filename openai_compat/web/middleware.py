@@ -21,7 +21,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from openai_compat.engine.priority import in_background
 from openai_compat.frame.settings import Settings
 from openai_compat.ground.errors import (
-    SHARED_KEYS,
     APIError,
     Forbidden,
     NotFound,
@@ -29,16 +28,16 @@ from openai_compat.ground.errors import (
     ServiceUnavailable,
     Unauthorized,
     api_error_response,
-    family_from_prefix,
-    family_of,
-    printable,
 )
+from openai_compat.ground.families import SHARED_KEYS, family_from_prefix, family_of, printable
 from openai_compat.ground.lifecycle import Lifecycle
 from openai_compat.models.metrics import Metrics, RouteLabels
 from openai_compat.tenants import RUN_AS, Tenants
 from openai_compat.tenants.keys import Key
 from openai_compat.tenants.limits import Caller
 from openai_compat.tenants.limits import current as current_caller
+from openai_compat.web.credentials import header as _header
+from openai_compat.web.credentials import key_hint, presented_key
 
 access_logger = logging.getLogger("openai_compat.access")
 
@@ -72,13 +71,6 @@ async def _first_bytes(receive: Receive) -> bytes:
     except TimeoutError:
         return b""
     return bytes(message.get("body", b"")[:PEEK]) if message["type"] == "http.request" else b""
-
-
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value)
-    return None
 
 
 def _request_id(scope: Scope) -> str:
@@ -122,9 +114,7 @@ class GatewayMiddleware:
 
     @staticmethod
     def _token(scope: Scope) -> bytes:
-        header = _header(scope, b"authorization") or b""
-        scheme, _, token = header.partition(b" ")
-        return token.strip() if scheme.lower() == b"bearer" else b""
+        return presented_key(scope)
 
     def _admin_key(self, scope: Scope) -> bool:
         token = self._token(scope)
@@ -273,7 +263,7 @@ class GatewayMiddleware:
             key = self._identify(scope)
             if key is None:
                 return "unauthorized", Unauthorized(
-                    "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                    f"Incorrect or missing API key: send {key_hint(path)}.",
                     headers={"WWW-Authenticate": "Bearer"},
                 )
             if key.expired(self.tenants.now()):

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Literal
 
+import numpy as np
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
@@ -23,7 +25,14 @@ from openai_compat.api.request import (
     ready_registry,
     settings_of,
 )
-from openai_compat.formats.encoding import embedding_payload, orjson_response
+from openai_compat.formats.compact import encode
+from openai_compat.formats.encoding import (
+    as_matrix,
+    embedding_payload,
+    orjson_response,
+    response_id,
+    truncate_dimensions,
+)
 from openai_compat.formats.sparse import check_options, embedding_object
 from openai_compat.ground.errors import BadRequest, InputTooLong, WholeTextTooLong
 from openai_compat.inference.embed import check_count
@@ -49,7 +58,51 @@ async def create_embeddings(request: Request) -> Response:
     """Embed text (or, with `modality`, images and audio) with the named model."""
     ready_registry(request)
     body = await read_body(request, EmbeddingRequest)
-    return await serve_embeddings(request, body, body.dimensions)
+    return await serve_embeddings(request, body, dimensions_of(body))
+
+
+def dimensions_of(body: EmbeddingRequest) -> int | None:
+    """`dimensions` (OpenAI's) or `output_dimension` (Mistral's), one or the other."""
+    given = body.output_dimension
+    if given is not None and body.dimensions is not None and given != body.dimensions:
+        raise BadRequest(
+            f"'dimensions' ({body.dimensions}) and 'output_dimension' ({given}) differ; send one.",
+            param="output_dimension",
+            code="conflicting_parameters",
+        )
+    return body.dimensions if body.dimensions is not None else given
+
+
+def _check_dtype(body: EmbeddingRequest, entry: ModelEntry) -> bool:
+    """Whether the answer is in a compact type (Mistral's output_dtype), refused before any
+    work where the vectors are not one dense row per input."""
+    if body.output_dtype in (None, "float"):
+        return False
+    if entry.sparse or entry.multivector or body.long_input in ("chunks", "late"):
+        what = "sparse" if entry.sparse else "multi-vector" if entry.multivector else "chunked"
+        raise BadRequest(
+            f"output_dtype {body.output_dtype!r} applies to one dense vector per input; "
+            f"this request's vectors are {what}.",
+            param="output_dtype",
+            code="unsupported_parameter",
+        )
+    return True
+
+
+def _compact(
+    entry: ModelEntry, body: EmbeddingRequest, done: Embedded, dimensions: int | None
+) -> Response:
+    """The answer in Mistral's output_dtype: each vector's numbers of that type, or (base64)
+    the base64 of their bytes."""
+    matrix = truncate_dimensions(as_matrix(done.vectors), dimensions)
+    rows = encode(matrix, body.output_dtype, entry.quantizer)  # type: ignore[arg-type]
+    if body.encoding_format == "base64":
+        rows = [base64.b64encode(np.asarray(r).tobytes()).decode("ascii") for r in rows]
+    data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
+    usage = {"prompt_tokens": done.tokens, "total_tokens": done.tokens}
+    return orjson_response(
+        {"id": response_id(), "object": "list", "data": data, "model": body.model, "usage": usage}
+    )
 
 
 async def serve_embeddings(
@@ -85,6 +138,7 @@ async def serve_embeddings(
     )
     if named.sparse and modality == "text":
         check_options(body.top_k, body.min_weight)
+    compact = _check_dtype(body, named)
     plan = EmbedPlan(
         texts=body.input if modality == "text" else None,
         media=_media_items(body.input, modality) if modality != "text" else None,
@@ -98,6 +152,7 @@ async def serve_embeddings(
         chunk_spans=body.chunk_spans,
         chunk_tokens=body.chunk_tokens,
         dimensions=dimensions,
+        dimensions_param="dimensions" if body.dimensions is not None else "output_dimension",
         sparse_only=sparse_only,
     )
     try:
@@ -107,6 +162,8 @@ async def serve_embeddings(
             raise
         raise exc.advising(_LONG_HINT) from None
     note(request, named.name, done.count, done.tokens)
+    if compact:
+        return _compact(named, body, done, dimensions)
     fmt = body.encoding_format or "float"
     if done.long is not None:
         shape: Literal["mean", "chunks"] = "mean" if done.mode == "mean" else "chunks"
@@ -143,6 +200,7 @@ async def _serve_items(
     renormalize: bool,
 ) -> Response:
     """Texts, images and (image, text) pairs in the client's order, one vector each."""
+    compact = _check_dtype(body, entry)
     plan = EmbedPlan(
         **item_plan(entry, items, "input"),
         input_type=body.input_type,
@@ -152,6 +210,8 @@ async def _serve_items(
     )
     done = await run(entry, plan, settings_of(request), media_of(request))
     note(request, entry.name, done.count, done.tokens)
+    if compact:
+        return _compact(entry, body, done, dimensions)
     payload = embedding_payload(
         done.vectors,
         fmt=body.encoding_format or "float",
@@ -182,4 +242,5 @@ def _sparse(entry: ModelEntry, body: EmbeddingRequest, done: Embedded) -> Respon
         for i, v in enumerate(done.vectors)
     ]
     usage = {"prompt_tokens": done.tokens, "total_tokens": done.tokens}
-    return orjson_response({"object": "list", "data": data, "model": body.model, "usage": usage})
+    answer = {"id": response_id(), "object": "list", "data": data, "model": body.model}
+    return orjson_response({**answer, "usage": usage})

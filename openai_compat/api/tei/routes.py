@@ -28,7 +28,8 @@ from openai_compat.api.tei.protocol import (
 )
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.formats.tokens import field_names
-from openai_compat.ground.errors import BadRequest, set_family
+from openai_compat.ground.errors import BadRequest
+from openai_compat.ground.families import set_family
 from openai_compat.inference.embed import (
     check_count,
     check_raw_output,

@@ -1,0 +1,1 @@
+"""Google Gemini's embedding API, for google-genai pointed at this server."""
