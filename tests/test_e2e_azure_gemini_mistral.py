@@ -1,6 +1,7 @@
 """Azure OpenAI's, Google Gemini's and Mistral's SDKs end to end (#64) against one real server
 with a keys file: `openai.AzureOpenAI` (azure_endpoint, a deployment base_url, `api-key`
-and Entra-style bearer tokens), Azure's v1 API, LangChain's `AzureOpenAIEmbeddings`,
+and Entra-style bearer tokens), Azure's v1 API, LangChain's `AzureOpenAIEmbeddings`, litellm's
+`azure/`,
 google-genai (`embed_content` with task types, titles and output_dimensionality),
 LangChain's `GoogleGenerativeAIEmbeddings`, and `mistralai` (`output_dtype`,
 `output_dimension`). Numbers, not shapes: every vector equals our /v1/embeddings answer for
@@ -134,6 +135,18 @@ def test_azure_sdk_in_both_endpoint_forms_and_the_v1_api_equals_the_openai_route
         _vectors(v1.embeddings.create(model="minilm", input=DOCS)), want, atol=1e-6
     )
     assert "minilm" in [m.id for m in v1.models.list()]
+    # litellm's azure/ provider: the same deployment route, through its own client
+    import litellm
+
+    lite = litellm.embedding(
+        model="azure/text-embedding-3-small",
+        input=DOCS,
+        api_base=srv.url,
+        api_key="scoped-key",
+        api_version="2024-10-21",
+        max_retries=0,
+    )
+    np.testing.assert_allclose([d["embedding"] for d in lite.data], want, atol=1e-6)
 
 
 def test_azure_refusals_are_what_the_sdk_raises_against_azure(srv: RemoteServer) -> None:

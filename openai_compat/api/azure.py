@@ -1,10 +1,10 @@
 """Azure OpenAI's routes: POST /openai/deployments/{deployment}/embeddings (what
-`openai.AzureOpenAI`, LangChain's `AzureOpenAIEmbeddings`, LlamaIndex's
-`AzureOpenAIEmbedding` and litellm's `azure/` send), answered as /v1/embeddings answers. The
-deployment names the model (a served name or an alias); the body's `model` is ignored, as
-Azure ignores it. `api-version` is accepted with any value and never required. Azure's "v1"
-API (POST /openai/v1/embeddings, GET /openai/v1/models) is the OpenAI routes mounted again
-(web/app.py). Keys come as `api-key` or `Authorization: Bearer` (web/credentials.py)."""
+`openai.AzureOpenAI`, LangChain's `AzureOpenAIEmbeddings` and litellm's `azure/` send),
+answered as /v1/embeddings answers. The deployment names the model (a served name or an
+alias); the body's `model` is ignored, as Azure ignores it. `api-version` is accepted with
+any value and never required. Azure's "v1" API (POST /openai/v1/embeddings, GET
+/openai/v1/models) is the OpenAI routes mounted again (web/app.py). Keys come as `api-key`
+or `Authorization: Bearer` (web/credentials.py)."""
 
 from __future__ import annotations
 
