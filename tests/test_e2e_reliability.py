@@ -295,16 +295,22 @@ def test_overload_answers_429_fast_and_stays_healthy(debug_config: Path) -> None
 
 def test_clients_that_disconnect_leave_no_work_behind(debug_config: Path) -> None:
     """Three requests of 1024 inputs (32 batches of 0.5 s each: 48 s of work) whose clients
-    give up after 1 s: their queued items are skipped, not computed."""
+    give up after 1 s: their queued items are skipped, not computed. One each on OpenAI's
+    route and on two whose paths are templates (Azure's deployment, Gemini's model)."""
     with RemoteServer(
         ["--config", str(debug_config)],
         env={"OPENAI_COMPAT_TEST_BATCH_SECONDS": "0.5"},
         slow_engine=True,
     ) as srv:
-        body = {"model": "debug", "input": [f"{i} words" for i in range(1024)]}
-        for _ in range(3):
+        texts = [f"{i} words" for i in range(1024)]
+        gemini = {"requests": [{"content": {"parts": [{"text": t}]}} for t in texts]}
+        for path, body in (
+            ("/v1/embeddings", {"model": "debug", "input": texts}),
+            ("/openai/deployments/debug/embeddings", {"input": texts}),
+            ("/v1beta/models/debug:batchEmbedContents", gemini),
+        ):
             with pytest.raises(httpx.TimeoutException):
-                httpx.post(srv.base_url + "/embeddings", json=body, timeout=1.0)
+                httpx.post(srv.url + path, json=body, timeout=1.0)
         gone = time.perf_counter()
         time.sleep(0.5)
         metrics = httpx.get(srv.url + "/metrics").text

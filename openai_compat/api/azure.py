@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from openai_compat.api.openai.embeddings import dimensions_of, serve_embeddings
 from openai_compat.api.protocol import ERROR_RESPONSES, EmbeddingRequest, EmbeddingResponse
-from openai_compat.api.request import body_openapi, read_body, ready_registry
+from openai_compat.api.request import body_openapi, path_openapi, read_body, ready_registry
 
 router = APIRouter(tags=["azure-openai"])
 
@@ -29,11 +29,14 @@ class AzureEmbeddingRequest(EmbeddingRequest):
     "/openai/deployments/{deployment}/embeddings",
     response_model=EmbeddingResponse,
     responses=ERROR_RESPONSES,
-    openapi_extra=body_openapi(AzureEmbeddingRequest),
+    openapi_extra={
+        **body_openapi(AzureEmbeddingRequest),
+        **path_openapi("deployment", "The model's served name or one of its aliases."),
+    },
 )
-async def deployment_embeddings(deployment: str, request: Request) -> Response:
+async def deployment_embeddings(request: Request) -> Response:
     """OpenAI's embeddings on the model the deployment names."""
     ready_registry(request)
     body = await read_body(request, AzureEmbeddingRequest)
-    body = body.model_copy(update={"model": deployment})
+    body = body.model_copy(update={"model": request.path_params["deployment"]})
     return await serve_embeddings(request, body, dimensions_of(body))

@@ -70,6 +70,14 @@ def body_openapi(*models: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
+def path_openapi(name: str, description: str) -> dict[str, Any]:
+    """`openapi_extra` documenting a path parameter a fast-path handler reads itself
+    (`request.path_params`): it declares none, so FastAPI's schema would lack it."""
+    schema = {"type": "string"}
+    param = {"name": name, "in": "path", "required": True, "schema": schema}
+    return {"parameters": [{**param, "description": description}]}
+
+
 def note(request: Request, model: str, inputs: int, tokens: int) -> None:
     """What a request did, for the gateway's metrics and access log."""
     state = request.state

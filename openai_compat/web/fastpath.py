@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from openai_compat.ground.errors import (
@@ -30,17 +31,19 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def fast_path_table(routes: Iterable[tuple[str, APIRoute]]) -> dict[str, Endpoint]:
-    """path -> handler for every POST route, which the fast path calls with the Request alone.
+    """path -> handler for every POST route, which the fast path calls with the Request alone
+    (a path template's handler reads its parameters from `request.path_params`).
 
     The fast path skips FastAPI's dependency injection, parameter parsing and response
     models: a POST handler that declares any of them would silently lose them, so building
-    the app fails instead, naming the handler.
+    the app fails instead, naming the handler. A template whose handler declares its path
+    parameters (the Batch API's ids) is left to the router.
     """
     table: dict[str, Endpoint] = {}
     for path, route in routes:
-        if route.methods != {"POST"} or "{" in path:
-            continue
         dep = route.dependant
+        if route.methods != {"POST"} or ("{" in path and dep.path_params):
+            continue
         declared = [
             *(d.call.__name__ if d.call else "?" for d in dep.dependencies),
             *(p.name for p in dep.path_params + dep.query_params + dep.header_params),
@@ -70,15 +73,27 @@ class FastPathMiddleware:
 
     def __init__(self, app: ASGIApp, routes: Mapping[str, Endpoint], metrics: Metrics) -> None:
         self.app = app
-        self.routes = dict(routes)
+        self.routes = {path: e for path, e in routes.items() if "{" not in path}
+        self.templates = [(compile_path(path)[0], e) for path, e in routes.items() if "{" in path]
         self.metrics = metrics
 
+    def _endpoint(self, scope: Scope) -> Endpoint | None:
+        """The POST handler for the path, its template's parameters put in the scope."""
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return None
+        path = scope["path"]
+        endpoint = self.routes.get(path)
+        if endpoint is not None:
+            return endpoint
+        for pattern, endpoint in self.templates:  # Azure's deployments, Gemini's models
+            match = pattern.match(path)
+            if match:
+                scope["path_params"] = match.groupdict()
+                return endpoint
+        return None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = (
-            self.routes.get(scope["path"])
-            if scope["type"] == "http" and scope["method"] == "POST"
-            else None
-        )
+        endpoint = self._endpoint(scope)
         if endpoint is None:
             # Every other route (GETs too: TEI's /info, a model's card) holds the models it
             # uses for as long as it runs, as the POST routes do.

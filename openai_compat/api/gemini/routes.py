@@ -20,7 +20,14 @@ from openai_compat.api.gemini.protocol import (
     BatchEmbedContentsRequest,
     EmbedContentRequest,
 )
-from openai_compat.api.request import body_openapi, note, read_body, ready_registry, settings_of
+from openai_compat.api.request import (
+    body_openapi,
+    note,
+    path_openapi,
+    read_body,
+    ready_registry,
+    settings_of,
+)
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.ground.errors import BadRequest, NotFound
 from openai_compat.inference.embed import check_count, check_dimensions
@@ -96,13 +103,17 @@ def _values(vector: np.ndarray) -> dict[str, Any]:
 @router.post(
     "/v1beta/models/{target:path}",
     responses=GOOGLE_ERROR_RESPONSES,
-    openapi_extra=body_openapi(BatchEmbedContentsRequest),
+    openapi_extra={
+        **body_openapi(BatchEmbedContentsRequest, EmbedContentRequest),
+        **path_openapi("target", "{model}:batchEmbedContents or {model}:embedContent"),
+    },
     summary="Gemini embedContent / batchEmbedContents",
 )
 @router.post("/v1/models/{target:path}", include_in_schema=False)
-async def call_model(target: str, request: Request) -> Response:
+async def call_model(request: Request) -> Response:
     """`{model}:embedContent` (one content -> `embedding`) or `{model}:batchEmbedContents`
     (requests -> `embeddings`), each vector as `{"values": [...]}`."""
+    target = request.path_params["target"]
     name, _, method = target.rpartition(":")
     if method not in METHODS or not name:
         raise NotFound(
