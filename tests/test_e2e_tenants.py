@@ -173,6 +173,9 @@ def test_a_model_outside_the_scope_does_not_exist_on_any_route(srv: RemoteServer
         ("/v1/classify", {"model": "secret", "input": ["hi"]}),
         ("/tokenize", {"model": "secret", "prompt": "hi"}),  # vLLM's
         ("/api/embed", {"model": "secret", "input": "hi"}),  # Ollama's
+        ("/openai/deployments/secret/embeddings", {"input": "hi"}),  # Azure's
+        ("/openai/v1/embeddings", {"model": "secret", "input": "hi"}),
+        ("/v1beta/models/secret:embedContent", {"content": {"parts": [{"text": "hi"}]}}),
     ):
         answer = post(srv, path, "scoped-key", body)
         assert answer.status_code == 404, (path, answer.text)
