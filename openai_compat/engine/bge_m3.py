@@ -1,0 +1,179 @@
+"""BGE-M3's three outputs from one forward pass, and its scores, as FlagEmbedding computes them.
+
+A BGE-M3 folder is an XLM-RoBERTa model (sentence-transformers loads its dense path: the `<s>`
+position, normalised) with two heads beside the weights that the library ignores:
+`sparse_linear.pt` (hidden -> 1) and `colbert_linear.pt` (hidden -> hidden or a ColBERT
+width). From the last hidden state h of one forward:
+- dense: h[:, 0], L2-normalised;
+- sparse ("lexical weights"): relu(sparse_linear(h)), one weight per position; per token id
+  the largest over its positions; the ids of `<s>`, `</s>`, `<pad>` and `<unk>` and weights
+  <= 0 dropped;
+- ColBERT: colbert_linear(h[:, 1:]) over the real tokens (`<s>` dropped, `</s>` kept), each
+  vector L2-normalised.
+Scores: dense = dot product; sparse = the sum over shared token ids of the two weights'
+product; ColBERT = the mean over the query's vectors of the best dot product with the
+document's; hybrid = their weighted sum (FlagEmbedding's README: 0.4, 0.2, 0.4).
+The heads are stored in float16 in the real folder: they, and every score, run in float32
+(FlagEmbedding's BGEM3FlagModel is the reference: tests/test_bge_m3.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from openai_compat.formats.sparse import SparseVector
+
+HEAD_FILES = ("sparse_linear.pt", "colbert_linear.pt")
+OUTPUTS = ("dense", "sparse", "multivector")
+HYBRID_WEIGHTS = (0.4, 0.2, 0.4)  # dense, sparse, ColBERT: FlagEmbedding's README
+
+
+class HeadError(ValueError):
+    """A head file that cannot be read as the linear layer it must be (its name in the text)."""
+
+
+def is_bge_m3(folder: str | Path) -> bool:
+    """Whether a local folder holds BGE-M3's two heads beside its weights."""
+    path = Path(folder)
+    return path.is_dir() and all((path / name).is_file() for name in HEAD_FILES)
+
+
+@dataclass
+class M3Output:
+    """One input's outputs: what was asked of the one forward pass (None: not asked)."""
+
+    dense: np.ndarray | None
+    sparse: SparseVector | None
+    multivector: np.ndarray | None
+    tokens: int
+
+
+class M3Heads:
+    """The sparse and ColBERT heads, in float32, and the token ids the sparse output drops."""
+
+    def __init__(self, sparse: Any, colbert: Any, dropped: Sequence[int]) -> None:
+        self.sparse, self.colbert = sparse, colbert
+        self.dropped = np.asarray(sorted(set(dropped)), dtype=np.int64)
+
+    @classmethod
+    def load(cls, folder: str | Path, tokenizer: Any, hidden: int) -> M3Heads:
+        """The heads of `folder` (torch.load with weights_only: tensors, never code) for a
+        model `hidden` wide; the special ids from its tokenizer (as FlagEmbedding reads them)."""
+        path = Path(folder)
+        sparse = _linear(path / "sparse_linear.pt", hidden, out=1)
+        colbert = _linear(path / "colbert_linear.pt", hidden, out=None)
+        specials = (tokenizer.cls_token, tokenizer.eos_token, tokenizer.pad_token)
+        dropped = [
+            tokenizer.convert_tokens_to_ids(token)
+            for token in (*specials, tokenizer.unk_token)
+            if token is not None
+        ]
+        return cls(sparse, colbert, [i for i in dropped if isinstance(i, int)])
+
+    def outputs(
+        self, hidden: Any, mask: Any, input_ids: Any, asked: Sequence[frozenset[str]]
+    ) -> list[M3Output]:
+        """Each row's asked outputs from the last hidden state [batch, tokens, hidden] of
+        right- or left-padded rows (`mask`: 1 on real tokens)."""
+        import torch
+
+        with torch.inference_mode():
+            h = hidden.float()
+            want_sparse = any("sparse" in a for a in asked)
+            want_colbert = any("multivector" in a for a in asked)
+            weights = torch.relu(self.sparse(h)).squeeze(-1) if want_sparse else None
+            colbert = self.colbert(h) if want_colbert else None
+        ids = input_ids.cpu().numpy()
+        real = mask.bool().cpu().numpy()
+        made = []
+        for i, outputs in enumerate(asked):
+            positions = np.flatnonzero(real[i])
+            first = positions[0]  # <s>, wherever padding put the row
+            dense = sparse = vectors = None
+            if "dense" in outputs:
+                dense = _unit(h[i, first].cpu().numpy()[None])[0]
+            if "sparse" in outputs and weights is not None:
+                sparse = self._lexical(weights[i, positions].cpu().numpy(), ids[i, positions])
+            if "multivector" in outputs and colbert is not None:
+                vectors = _unit(colbert[i, positions[1:]].cpu().numpy())
+            made.append(M3Output(dense, sparse, vectors, len(positions)))
+        return made
+
+    def _lexical(self, weights: np.ndarray, ids: np.ndarray) -> SparseVector:
+        """Per token id its largest weight; special ids and weights <= 0 dropped."""
+        tokens = len(ids)
+        keep = (weights > 0) & ~np.isin(ids, self.dropped)
+        ids, weights = ids[keep], weights[keep].astype(np.float32)
+        order = np.lexsort((-weights, ids))  # by id, each id's largest first
+        ids, weights = ids[order], weights[order]
+        first = np.ones(len(ids), dtype=bool)  # each id's first (largest) weight
+        first[1:] = ids[1:] != ids[:-1]
+        indices = np.ascontiguousarray(ids[first], dtype="<u4")
+        return SparseVector(indices, np.ascontiguousarray(weights[first], dtype="<f4"), tokens)
+
+
+def _linear(path: Path, hidden: int, out: int | None) -> Any:
+    """A float32 nn.Linear from a head's state dict; a HeadError naming the file otherwise."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        weight, bias = state["weight"], state.get("bias")
+        rows, cols = weight.shape
+        if cols != hidden or (out is not None and rows != out):
+            want = f"[{out or 'N'}, {hidden}]"
+            raise ValueError(f"its weight is {list(weight.shape)}, the model needs {want}")
+        layer = torch.nn.Linear(cols, rows, bias=bias is not None)
+        layer.load_state_dict({k: v.float() for k, v in state.items()})
+    except Exception as exc:
+        raise HeadError(f"BGE-M3 head {path.name} cannot be loaded: {exc}") from exc
+    return layer.eval()
+
+
+def _unit(rows: np.ndarray) -> np.ndarray:
+    rows = np.asarray(rows, dtype=np.float32)
+    norms = np.linalg.norm(rows, axis=-1, keepdims=True)
+    return rows / np.maximum(norms, np.finfo(np.float32).tiny)
+
+
+# ---------------------------------------------------------------- scores
+
+
+def dense_score(query: np.ndarray, doc: np.ndarray) -> float:
+    return float(np.dot(query.astype(np.float32), doc.astype(np.float32)))
+
+
+def sparse_score(query: SparseVector, doc: SparseVector) -> float:
+    """The sum over shared token ids of the two weights' product."""
+    shared, qi, di = np.intersect1d(query.indices, doc.indices, return_indices=True)
+    if not len(shared):
+        return 0.0
+    return float(np.dot(query.values[qi].astype(np.float32), doc.values[di].astype(np.float32)))
+
+
+def colbert_score(query: np.ndarray, doc: np.ndarray) -> float:
+    """The mean over the query's vectors of the best dot product with the document's."""
+    if not len(query) or not len(doc):
+        return 0.0
+    return float((query.astype(np.float32) @ doc.astype(np.float32).T).max(axis=1).mean())
+
+
+def hybrid_score(
+    query: M3Output, doc: M3Output, weights: Sequence[float] = HYBRID_WEIGHTS
+) -> float:
+    """FlagEmbedding's weighted sum of the three scores (compute_score's `sparse+dense` and
+    `colbert+sparse+dense`), over a query's and a document's full outputs."""
+    assert query.dense is not None and doc.dense is not None
+    assert query.sparse is not None and doc.sparse is not None
+    assert query.multivector is not None and doc.multivector is not None
+    parts = (
+        dense_score(query.dense, doc.dense),
+        sparse_score(query.sparse, doc.sparse),
+        colbert_score(query.multivector, doc.multivector),
+    )
+    return float(sum(w * s for w, s in zip(weights, parts, strict=True)) / sum(weights))

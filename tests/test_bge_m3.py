@@ -1,0 +1,168 @@
+"""BGE-M3's three outputs and its scores (engine/bge_m3.py) against FlagEmbedding's own
+BGEM3FlagModel on a tiny random BGE-M3 folder (models/demo_m3.py): dense, lexical weights and
+ColBERT vectors from one forward pass of the library's model, to 1e-5; the dense, sparse,
+ColBERT and hybrid scores of query/document pairs, to 1e-5. FlagEmbedding runs in an
+environment of its own (requirements/flagembedding.txt, built by CI: `.venv-flag`, or
+FLAG_PYTHON), in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from openai_compat.engine import bge_m3
+from openai_compat.models.demo_m3 import build_bge_m3
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAG_PYTHON = Path(os.environ.get("FLAG_PYTHON", ROOT / ".venv-flag" / "bin" / "python"))
+# repeated words (a token id's largest weight is kept), an unknown word (<unk> is dropped),
+# lengths that pad one another in a batch
+TEXTS = [
+    "the man is eating food and the man is happy",
+    "zzz the cat sleeps",
+    "paris is the capital of france",
+    "stock prices fell",
+]
+PAIRS = [
+    ("what is the capital of france", "paris is the capital of france"),
+    ("what is the capital of france", "the stock market crashed"),
+    ("a man eating bread", "the man is eating food and the man is happy"),
+]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_bge_m3(tmp_path_factory.mktemp("m3") / "bge-m3")
+
+
+@pytest.fixture(scope="module")
+def reference(folder: Path) -> dict[str, Any]:
+    if not FLAG_PYTHON.exists():
+        pytest.skip(
+            f"no FlagEmbedding environment at {FLAG_PYTHON} (requirements/flagembedding.txt)"
+        )
+    script = ROOT / "tests" / "reference" / "flagembedding_m3.py"
+    done = subprocess.run(
+        [str(FLAG_PYTHON), str(script), str(folder), json.dumps(TEXTS), json.dumps(PAIRS)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def ours(folder: Path) -> tuple[list[bge_m3.M3Output], Any]:
+    """The library's model on the folder, one forward of the whole padded batch, and our heads
+    on its last hidden state."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    heads = bge_m3.M3Heads.load(folder, model.tokenizer, model.get_embedding_dimension())
+    features = model.preprocess(TEXTS)
+    with torch.inference_mode():
+        out = model(dict(features))
+    asked = [frozenset(bge_m3.OUTPUTS)] * len(TEXTS)
+    made = heads.outputs(
+        out["token_embeddings"], out["attention_mask"], features["input_ids"], asked
+    )
+    return made, out["sentence_embedding"].numpy()
+
+
+def test_a_folder_with_both_heads_is_bge_m3(folder: Path, tmp_path: Path) -> None:
+    assert bge_m3.is_bge_m3(folder)
+    (tmp_path / "sparse_linear.pt").write_bytes((folder / "sparse_linear.pt").read_bytes())
+    assert not bge_m3.is_bge_m3(tmp_path)  # one head: not BGE-M3
+
+
+def test_dense_sparse_and_colbert_equal_flagembeddings(
+    ours: tuple[list[bge_m3.M3Output], Any], reference: dict[str, Any]
+) -> None:
+    made, library_dense = ours
+    dense = np.stack([m.dense for m in made])
+    np.testing.assert_allclose(dense, reference["dense"], atol=1e-5)
+    np.testing.assert_allclose(dense, library_dense, atol=1e-6)  # the library's dense path
+    for m, want in zip(made, reference["sparse"], strict=True):
+        assert m.sparse is not None
+        got = {
+            str(int(i)): float(v) for i, v in zip(m.sparse.indices, m.sparse.values, strict=True)
+        }
+        assert got.keys() == want.keys()
+        np.testing.assert_allclose([got[k] for k in want], list(want.values()), atol=1e-5)
+    assert all("3" not in w for w in reference["sparse"])  # <unk> (id 3) dropped by both
+    for m, want in zip(made, reference["colbert"], strict=True):
+        assert m.multivector is not None
+        np.testing.assert_allclose(m.multivector, want, atol=1e-5)
+    assert [m.tokens for m in made] == [12, 6, 8, 5]  # <s> ... </s>
+
+
+def test_scores_equal_flagembeddings_compute_score(folder: Path, reference: dict[str, Any]) -> None:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    heads = bge_m3.M3Heads.load(folder, model.tokenizer, model.get_embedding_dimension())
+
+    def outputs(texts: list[str]) -> list[bge_m3.M3Output]:
+        features = model.preprocess(texts)
+        with torch.inference_mode():
+            out = model(dict(features))
+        asked = [frozenset(bge_m3.OUTPUTS)] * len(texts)
+        return heads.outputs(
+            out["token_embeddings"], out["attention_mask"], features["input_ids"], asked
+        )
+
+    queries, docs = outputs([q for q, _ in PAIRS]), outputs([d for _, d in PAIRS])
+    want = reference["scores"]
+    for i, (q, d) in enumerate(zip(queries, docs, strict=True)):
+        assert q.dense is not None and d.dense is not None
+        assert q.sparse is not None and d.sparse is not None
+        assert q.multivector is not None and d.multivector is not None
+        assert bge_m3.dense_score(q.dense, d.dense) == pytest.approx(want["dense"][i], abs=1e-5)
+        assert bge_m3.sparse_score(q.sparse, d.sparse) == pytest.approx(want["sparse"][i], abs=1e-5)
+        got = bge_m3.colbert_score(q.multivector, d.multivector)
+        assert got == pytest.approx(want["colbert"][i], abs=1e-5)
+        hybrid = bge_m3.hybrid_score(q, d)
+        assert hybrid == pytest.approx(want["colbert+sparse+dense"][i], abs=1e-5)
+    assert len({round(s, 4) for s in want["colbert+sparse+dense"]}) == len(PAIRS)  # distinct
+
+
+def test_only_what_is_asked_is_computed(folder: Path) -> None:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    heads = bge_m3.M3Heads.load(folder, model.tokenizer, model.get_embedding_dimension())
+    features = model.preprocess(TEXTS[:2])
+    with torch.inference_mode():
+        out = model(dict(features))
+    asked = [frozenset({"dense"}), frozenset({"sparse", "multivector"})]
+    first, second = heads.outputs(
+        out["token_embeddings"], out["attention_mask"], features["input_ids"], asked
+    )
+    assert first.dense is not None and first.sparse is None and first.multivector is None
+    assert second.dense is None and second.sparse is not None and second.multivector is not None
+
+
+def test_a_damaged_head_is_an_error_naming_its_file(folder: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    (tmp_path / "sparse_linear.pt").write_bytes(b"not a checkpoint")
+    (tmp_path / "colbert_linear.pt").write_bytes((folder / "colbert_linear.pt").read_bytes())
+    with pytest.raises(bge_m3.HeadError, match=r"sparse_linear\.pt"):
+        bge_m3.M3Heads.load(tmp_path, tokenizer, 32)
+    (tmp_path / "sparse_linear.pt").write_bytes((folder / "sparse_linear.pt").read_bytes())
+    with pytest.raises(
+        bge_m3.HeadError, match=r"sparse_linear\.pt cannot be loaded: its weight is \[1, 32\]"
+    ):
+        bge_m3.M3Heads.load(tmp_path, tokenizer, 64)  # heads for another width
