@@ -166,3 +166,21 @@ def test_a_damaged_head_is_an_error_naming_its_file(folder: Path, tmp_path: Path
         bge_m3.HeadError, match=r"sparse_linear\.pt cannot be loaded: its weight is \[1, 32\]"
     ):
         bge_m3.M3Heads.load(tmp_path, tokenizer, 64)  # heads for another width
+
+
+@pytest.mark.slow
+def test_the_server_serves_a_bge_m3_folder_dense_by_default(
+    folder: Path, reference: dict[str, Any], tmp_path: Path
+) -> None:
+    """Served from `[[models]] name, model` alone, /v1/embeddings answers BGE-M3's dense
+    vectors (FlagEmbedding's), so every OpenAI client works on it unchanged."""
+    import httpx
+
+    from tests.utils import server_with
+
+    with server_with(tmp_path, [{"name": "bge-m3", "model": str(folder)}]) as srv:
+        r = httpx.post(srv.url + "/v1/embeddings", json={"model": "bge-m3", "input": TEXTS})
+        assert r.status_code == 200, r.text
+        got = [d["embedding"] for d in r.json()["data"]]
+        np.testing.assert_allclose(got, reference["dense"], atol=1e-5)
+        assert r.json()["usage"]["prompt_tokens"] == 12 + 6 + 8 + 5
