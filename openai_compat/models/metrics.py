@@ -240,12 +240,15 @@ class RouteLabels:
     matched as the router matches it; never a raw client path ("unmatched" if no route)."""
 
     def __init__(self, templates: Iterable[str]) -> None:
+        templates = list(templates)
         self.exact = {t for t in templates if "{" not in t}
         # the label without converters: /admin/models/{name}/load, not {name:path}
+        # the most specific first, in a fixed order: a template whose parameter takes the
+        # rest of the path (Gemini's /v1/models/{target:path}) after one-segment ones
+        # (/v1/models/{model_id}), whichever order the set gave
+        templated = sorted((t for t in templates if "{" in t), key=lambda t: (":path}" in t, t))
         self.patterns = [
-            (compile_path(t)[0], re.sub(r"\{(\w+):\w+\}", r"{\1}", t))
-            for t in templates
-            if "{" in t
+            (compile_path(t)[0], re.sub(r"\{(\w+):\w+\}", r"{\1}", t)) for t in templated
         ]
 
     def __call__(self, path: str) -> str:
