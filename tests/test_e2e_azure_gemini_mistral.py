@@ -11,7 +11,6 @@ them, so each SDK raises what it raises against the real service."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,18 +37,14 @@ GEMMA = {
 }
 
 
-def _sha(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-KEYS = f"""
+KEYS = """
 [[keys]]
 name = "all"
-key_sha256 = "{_sha("all-key")}"
+key = "all-key"
 
 [[keys]]
 name = "scoped"
-key_sha256 = "{_sha("scoped-key")}"
+key = "scoped-key"
 models = ["minilm"]
 
 [[keys]]

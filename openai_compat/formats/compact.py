@@ -180,3 +180,17 @@ def encode(vectors: np.ndarray, kind: CompactType, quantizer: Quantizer | None) 
     if kind == "uint8":
         return list((q.astype(np.int16) + 128).astype(np.uint8))
     return list(q)
+
+
+def encode_as(
+    vectors: np.ndarray, dtype: str | None, quantizer: Quantizer | None, base64_out: bool
+) -> list[Any]:
+    """Vectors as Voyage's and Mistral's dialects send them: floats or a compact type's
+    numbers (`dtype`: None or "float", int8, uint8, binary, ubinary), or (base64) each
+    vector's bytes of that type (float32, int8 or uint8), which their SDKs decode."""
+    if dtype in (None, "float"):
+        return encode(vectors, "base64" if base64_out else "float", quantizer)
+    rows = encode(vectors, dtype, quantizer)  # type: ignore[arg-type]
+    if not base64_out:
+        return rows
+    return [base64.b64encode(np.asarray(r).tobytes()).decode("ascii") for r in rows]

@@ -45,9 +45,9 @@ _NOT_A_PROMPT = frozenset({"image"})
 # What asks a model with query and document modes for its query side; anything else (or
 # nothing) gets the document side, the library's default (encode = encode_document).
 _QUERY_SIDE = frozenset(
-    {"query", "search_query", "retrieval.query", "code.query", "RETRIEVAL_QUERY"}
-    | {"QUESTION_ANSWERING", "FACT_VERIFICATION", "CODE_RETRIEVAL_QUERY"}
-)
+    {"query", "search_query", "retrieval.query", "code.query"}
+    | {"RETRIEVAL_QUERY", "QUESTION_ANSWERING", "FACT_VERIFICATION", "CODE_RETRIEVAL_QUERY"}
+)  # the second set: Gemini's query-side task types
 # Where a document prompt has a place for a title (EmbeddingGemma's "title: none | text: ")
 _NO_TITLE = "title: none"
 

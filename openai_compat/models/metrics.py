@@ -242,11 +242,11 @@ class RouteLabels:
     def __init__(self, templates: Iterable[str]) -> None:
         templates = list(templates)
         self.exact = {t for t in templates if "{" not in t}
-        # the label without converters: /admin/models/{name}/load, not {name:path}
         # the most specific first, in a fixed order: a template whose parameter takes the
         # rest of the path (Gemini's /v1/models/{target:path}) after one-segment ones
         # (/v1/models/{model_id}), whichever order the set gave
         templated = sorted((t for t in templates if "{" in t), key=lambda t: (":path}" in t, t))
+        # the label without converters: /admin/models/{name}/load, not {name:path}
         self.patterns = [
             (compile_path(t)[0], re.sub(r"\{(\w+):\w+\}", r"{\1}", t)) for t in templated
         ]

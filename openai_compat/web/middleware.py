@@ -112,12 +112,8 @@ class GatewayMiddleware:
         self.max_upload = settings.batch_max_file_bytes + 1024 * 1024
         self.access_log = settings.access_log
 
-    @staticmethod
-    def _token(scope: Scope) -> bytes:
-        return presented_key(scope)
-
     def _admin_key(self, scope: Scope) -> bool:
-        token = self._token(scope)
+        token = presented_key(scope)
         ok = False
         for key in self.admin_keys:  # each in constant time
             ok |= hmac.compare_digest(token, key)
@@ -126,7 +122,7 @@ class GatewayMiddleware:
     def _identify(self, scope: Scope) -> Key | None:
         """The key the request presents: one of the ring's, or (a Batch API line of this
         process, its secret as the token) the batch owner's key as it is now."""
-        token = self._token(scope)
+        token = presented_key(scope)
         tenants = self.tenants
         if hmac.compare_digest(token, tenants.internal):
             owner = _header(scope, RUN_AS)

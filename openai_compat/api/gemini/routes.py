@@ -22,13 +22,14 @@ from openai_compat.api.gemini.protocol import (
 )
 from openai_compat.api.request import (
     body_openapi,
+    dense_embedder,
     note,
     path_openapi,
     read_body,
     ready_registry,
     settings_of,
 )
-from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
+from openai_compat.formats.encoding import orjson_response
 from openai_compat.ground.errors import BadRequest, NotFound
 from openai_compat.inference.embed import check_count, check_dimensions
 from openai_compat.inference.plan import Embedded, EmbedPlan, run
@@ -37,24 +38,12 @@ from openai_compat.models.registry import ModelEntry
 router = APIRouter(tags=["gemini"])
 
 METHODS = ("embedContent", "batchEmbedContents")
+_HOLDS = "Gemini's embeddings hold one dense vector per content"
 
 
 def model_name(given: str) -> str:
     """Gemini's `models/{name}` as our name (a name may hold slashes of its own)."""
     return given.removeprefix("models/")
-
-
-async def _embedder(request: Request, name: str) -> ModelEntry:
-    entry = await ready_registry(request).require(name, "embed")
-    if entry.multivector or entry.sparse:
-        kind = "one vector per token" if entry.multivector else "sparse vectors"
-        raise BadRequest(
-            f"Model {name!r} gives {kind}; Gemini's embeddings hold one dense vector per "
-            "content. Use /v1/embeddings.",
-            param="model",
-            code="model_not_supported",
-        )
-    return entry
 
 
 def _text(req: EmbedContentRequest) -> str:
@@ -87,8 +76,7 @@ async def _embed(
     vectors: list[Any] = [None] * len(reqs)
     for members, result in zip(groups.values(), done, strict=True):
         for i, vector in zip(members, result.vectors, strict=True):
-            dims = reqs[i].outputDimensionality
-            vectors[i] = truncate_dimensions(as_matrix([vector]), dims, renormalize=False)[0]
+            vectors[i] = vector[: reqs[i].outputDimensionality]  # Gemini's cut: not renormalised
     return vectors
 
 
@@ -124,13 +112,13 @@ async def call_model(request: Request) -> Response:
     if method == "embedContent":
         one = await read_body(request, EmbedContentRequest)
         _same_model(one.model, name, "model")
-        entry = await _embedder(request, name)
+        entry = await dense_embedder(ready_registry(request), name, _HOLDS)
         (vector,) = await _embed(request, entry, [one])
         return orjson_response({"embedding": _values(vector)})
     body = await read_body(request, BatchEmbedContentsRequest)
     for i, req in enumerate(body.requests):
         _same_model(req.model, name, f"requests[{i}].model")
-    entry = await _embedder(request, name)
+    entry = await dense_embedder(ready_registry(request), name, _HOLDS)
     vectors = await _embed(request, entry, body.requests)
     return orjson_response({"embeddings": [_values(v) for v in vectors]})
 

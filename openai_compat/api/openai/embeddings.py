@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import base64
 from typing import Any, Literal
 
-import numpy as np
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
@@ -25,7 +23,7 @@ from openai_compat.api.request import (
     ready_registry,
     settings_of,
 )
-from openai_compat.formats.compact import encode
+from openai_compat.formats.compact import encode_as
 from openai_compat.formats.encoding import (
     as_matrix,
     embedding_payload,
@@ -95,9 +93,8 @@ def _compact(
     """The answer in Mistral's output_dtype: each vector's numbers of that type, or (base64)
     the base64 of their bytes."""
     matrix = truncate_dimensions(as_matrix(done.vectors), dimensions)
-    rows = encode(matrix, body.output_dtype, entry.quantizer)  # type: ignore[arg-type]
-    if body.encoding_format == "base64":
-        rows = [base64.b64encode(np.asarray(r).tobytes()).decode("ascii") for r in rows]
+    base64_out = body.encoding_format == "base64"
+    rows = encode_as(matrix, body.output_dtype, entry.quantizer, base64_out)
     data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
     usage = {"prompt_tokens": done.tokens, "total_tokens": done.tokens}
     return orjson_response(

@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
@@ -14,6 +12,7 @@ from openai_compat.api.items import item_plan
 from openai_compat.api.protocol import ContentItem
 from openai_compat.api.request import (
     body_openapi,
+    dense_embedder,
     media_of,
     note,
     read_body,
@@ -27,43 +26,16 @@ from openai_compat.api.voyage.protocol import (
     MultimodalRequest,
     RerankRequest,
 )
-from openai_compat.formats.compact import encode
+from openai_compat.formats.compact import encode_as
 from openai_compat.formats.encoding import as_matrix, orjson_response, truncate_dimensions
 from openai_compat.formats.tokens import field_names
 from openai_compat.ground.errors import BadRequest, InputTooLong
 from openai_compat.inference.embed import check_count
 from openai_compat.inference.plan import EmbedPlan, run
 from openai_compat.inference.scoring import check_top_n, rerank_texts
-from openai_compat.models.registry import ModelEntry, Registry
 
 router = APIRouter(prefix="/voyage/v1", tags=["voyage"])
-
-
-async def _embedder(registry: Registry, model: str) -> ModelEntry:
-    entry = await registry.require(model, "embed")
-    if entry.multivector or entry.sparse:
-        kind = "one vector per token" if entry.multivector else "sparse vectors"
-        raise BadRequest(
-            f"Model {model!r} gives {kind}; Voyage's embeddings hold one dense vector per "
-            "input. Use /v1/embeddings.",
-            param="model",
-            code="model_not_supported",
-        )
-    return entry
-
-
-def _rows(entry: ModelEntry, matrix: np.ndarray, dtype: str | None, base64_out: bool) -> list[Any]:
-    """Vectors as Voyage sends them: floats or the compact type's numbers, or (base64) each
-    vector's bytes of that type (float32, int8 or uint8), which its SDK decodes."""
-    if dtype in (None, "float"):
-        if not base64_out:
-            return list(matrix)
-        data = np.ascontiguousarray(matrix, dtype="<f4")
-        return [base64.b64encode(row.tobytes()).decode("ascii") for row in data]
-    rows = encode(matrix, dtype, entry.quantizer)  # type: ignore[arg-type]
-    if not base64_out:
-        return rows
-    return [base64.b64encode(np.asarray(r).tobytes()).decode("ascii") for r in rows]
+_HOLDS = "Voyage's embeddings hold one dense vector per input"
 
 
 def _answer(data: list[Any], model: str, usage: dict[str, int]) -> Response:
@@ -95,7 +67,7 @@ async def embeddings(request: Request) -> Response:
     output_dtype and base64 as its SDK asks for them."""
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, EmbedRequest)
-    entry = await _embedder(registry, body.model)
+    entry = await dense_embedder(registry, body.model, _HOLDS)
     plan = EmbedPlan(
         texts=body.input,
         input_type=body.input_type,
@@ -107,7 +79,7 @@ async def embeddings(request: Request) -> Response:
     done = await _run(entry, plan, settings)
     note(request, entry.name, done.count, done.tokens)
     matrix = truncate_dimensions(as_matrix(done.vectors), body.output_dimension)
-    rows = _rows(entry, matrix, body.output_dtype, body.encoding_format == "base64")
+    rows = encode_as(matrix, body.output_dtype, entry.quantizer, body.encoding_format == "base64")
     return _answer(_embedding_list(rows), body.model, {"total_tokens": done.tokens})
 
 
@@ -123,7 +95,7 @@ async def contextualized(request: Request) -> Response:
     document's vector is the plain embedding of its text."""
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, ContextualizedRequest)
-    entry = await _embedder(registry, body.model)
+    entry = await dense_embedder(registry, body.model, _HOLDS)
     texts, spans = [], []
     for i, chunks in enumerate(body.inputs):
         if not chunks:
@@ -157,7 +129,9 @@ async def contextualized(request: Request) -> Response:
     for i, (pooled, document) in enumerate(zip(done.long.chunks, done.long.vectors, strict=True)):
         vectors = [document] if len(pooled) == 1 else [c.vector for c in pooled]
         matrix = truncate_dimensions(as_matrix(vectors), body.output_dimension)
-        rows = _rows(entry, matrix, body.output_dtype, body.encoding_format == "base64")
+        rows = encode_as(
+            matrix, body.output_dtype, entry.quantizer, body.encoding_format == "base64"
+        )
         data.append({"object": "list", "data": _embedding_list(rows), "index": i})
     return _answer(data, body.model, {"total_tokens": done.tokens})
 
@@ -194,7 +168,7 @@ async def multimodal(request: Request) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, MultimodalRequest)
     check_count(len(body.inputs), settings.max_inputs_per_request, "inputs")
-    entry = await _embedder(registry, body.model)
+    entry = await dense_embedder(registry, body.model, _HOLDS)
     items = []
     for i, given in enumerate(body.inputs):
         texts = [p.text for p in given.content if p.type == "text"]
@@ -222,7 +196,7 @@ async def multimodal(request: Request) -> Response:
     done = await _run(entry, plan, settings, media_of(request))
     note(request, entry.name, done.count, done.tokens)
     matrix = truncate_dimensions(as_matrix(done.vectors), body.output_dimension)
-    rows = _rows(entry, matrix, body.output_dtype, body.output_encoding == "base64")
+    rows = encode_as(matrix, body.output_dtype, entry.quantizer, body.output_encoding == "base64")
     pixels = sum(int(m.get("width", 0)) * int(m.get("height", 0)) for m in done.media or [])
     text_parts = [t.text for t in items if t.text is not None]
     counted = (
