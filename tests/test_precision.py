@@ -48,6 +48,21 @@ def test_top_10_agreement_is_tie_aware() -> None:
     assert precision.top_agreement(near, swapped) == 1.0
 
 
+def test_top_terms_are_tie_aware_relative_to_the_weight() -> None:
+    """SPLADE weights are ~0.5-2 and bf16 keeps 8 bits: a term weighed 3% under float32's 16th
+    is a tie (a CI run's fixture failed the absolute 1e-3 at 0.9885 with cosine 0.9994)."""
+    want = np.linspace(2.0, 0.1, 20)[None, :]  # float32's 16th best: want[0, 15]
+    swapped = want.copy()
+    swapped[0, [15, 16]] = swapped[0, [16, 15]]  # the 17th enters the top 16
+    gap = (want[0, 15] - want[0, 16]) / want[0, 15]
+    assert gap > precision.TERM_TIE  # a whole step apart: a miss
+    assert precision.top_agreement(want, swapped, 16, precision.TERM_TIE, relative=True) == 15 / 16
+    near = want.copy()
+    near[0, 16] = want[0, 15] * 0.97  # within 5% of float32's 16th: a tie
+    assert precision.top_agreement(near, swapped, 16, precision.TERM_TIE, relative=True) == 1.0
+    assert precision.top_agreement(near, swapped, 16, 1e-3) == 15 / 16  # absolute: a miss
+
+
 def test_pair_agreement_counts_the_orders_fp32_makes() -> None:
     want = np.array([[0.9, 0.5, 0.1, 0.1]])  # the last two tie: their order is free
     assert precision.pair_agreement(want, np.array([[0.8, 0.4, 0.2, 0.0]])) == 1.0
