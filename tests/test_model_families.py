@@ -134,10 +134,12 @@ def test_a_causal_lm_reranker_scores_the_yes_no_log_odds_as_predict_does(
     assert np.abs(np.array([s.relevance_score for s in raw]) - odds).max() < 1e-5
     assert np.abs(1 / (1 + np.exp(-odds)) - expected).max() < 1e-5  # the documented transform
     # confident pairs keep their log-odds through the sigmoid (TEI's raw_scores inverts it)
+    from openai_compat.engine import tails
     from openai_compat.inference.scoring import raw_score
 
     for odds_value in (-30.0, -16.0, 16.0, 25.0):
-        score = float(engine._activation(np.array([odds_value], dtype=np.float32))[0])
+        logit = np.array([odds_value], dtype=np.float32)
+        score = float(tails.activation(engine.model, logit)[0])
         assert abs(raw_score(Entry(), score) - odds_value) < 1e-4, odds_value
 
 

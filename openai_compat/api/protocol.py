@@ -117,6 +117,15 @@ class ModelCard(BaseModel):
         None,
         description="The sizes `dimensions` may take (configured); absent: any up to `dimensions`.",
     )
+    outputs: list[str] | None = Field(
+        None,
+        description="What `output_types` may ask of a model with several outputs (BGE-M3: "
+        "dense, sparse, multivector); absent: the model's one kind of vector.",
+    )
+    score_modes: list[str] | None = Field(
+        None,
+        description="What rerank's `score_mode` may be (BGE-M3: dense, sparse, colbert, hybrid).",
+    )
     modes: list[str] | None = Field(
         None,
         description="A multi-vector model that embeds queries and documents apart: the sides "
@@ -233,6 +242,12 @@ class EmbeddingRequest(BaseModel):
     )
     min_weight: StrictFloat | StrictInt | None = Field(
         None, description="Sparse models: keep only weights >= this."
+    )
+    output_types: list[StrictStr] | None = Field(
+        None,
+        description="Extension (SIE's name): which of a model's outputs to answer: 'dense', "
+        "'sparse', 'multivector'; BGE-M3 gives any of them from one pass (several: each item "
+        "carries `embedding`, `sparse_embedding` and `multivector`, those asked).",
     )
     return_tokens: StrictBool | None = Field(
         None, description="Sparse models: also return each index's vocabulary entry (`tokens`)."

@@ -19,6 +19,7 @@ The heads are stored in float16 in the real folder: they, and every score, run i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,10 @@ from openai_compat.formats.sparse import SparseVector
 
 HEAD_FILES = ("sparse_linear.pt", "colbert_linear.pt")
 OUTPUTS = ("dense", "sparse", "multivector")
+DENSE = frozenset({"dense"})
+SCORE_MODES = ("hybrid", "dense", "sparse", "colbert")  # rerank's score_mode; hybrid: default
 HYBRID_WEIGHTS = (0.4, 0.2, 0.4)  # dense, sparse, ColBERT: FlagEmbedding's README
+logger = logging.getLogger("openai_compat")
 
 
 class HeadError(ValueError):
@@ -43,6 +47,43 @@ def is_bge_m3(folder: str | Path) -> bool:
     return path.is_dir() and all((path / name).is_file() for name in HEAD_FILES)
 
 
+def heads_folder(source: str, revision: str | None = None) -> Path | None:
+    """Where `source`'s heads are: the folder itself, or a hub model's cached snapshot (the
+    files fetched as the library fetches its own; none offline); None: not BGE-M3."""
+    if Path(source).is_dir():
+        return Path(source) if is_bge_m3(source) else None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        paths = [Path(hf_hub_download(source, name, revision=revision)) for name in HEAD_FILES]
+    except Exception:  # absent, offline, or not a hub id: a dense model as the library reads it
+        return None
+    return paths[0].parent
+
+
+def heads_of(model: Any, source: str, revision: str | None) -> M3Heads | None:
+    """A BGE-M3 folder's sparse and ColBERT heads for the library's loaded `model`, on its
+    device; None for any other model."""
+    folder = heads_folder(source, revision)
+    if folder is None:
+        return None
+    heads = M3Heads.load(folder, model.tokenizer, model.get_embedding_dimension())
+    logger.info("model %s: BGE-M3, dense, sparse and ColBERT outputs from one pass", source)
+    return heads.to(model.device)
+
+
+def parse_outputs(given: Sequence[str] | None, param: str = "output_types") -> frozenset[str]:
+    """A request's output types (SIE's `output_types`): one or more of OUTPUTS, no repeats;
+    ValueError naming what is wrong."""
+    if given is None:
+        return DENSE
+    unknown = [g for g in given if g not in OUTPUTS]
+    if unknown or not given or len(set(given)) != len(given):
+        what = f"unknown {unknown[0]!r}" if unknown else "empty" if not given else "a repeat"
+        raise ValueError(f"'{param}' takes one or more of {', '.join(OUTPUTS)} ({what})")
+    return frozenset(given)
+
+
 @dataclass
 class M3Output:
     """One input's outputs: what was asked of the one forward pass (None: not asked)."""
@@ -51,6 +92,12 @@ class M3Output:
     sparse: SparseVector | None
     multivector: np.ndarray | None
     tokens: int
+
+    @property
+    def nbytes(self) -> int:  # what the exact cache counts it as
+        parts = (self.dense, self.multivector)
+        held = sum(int(p.nbytes) for p in parts if p is not None)
+        return held + (self.sparse.nbytes if self.sparse is not None else 0)
 
 
 class M3Heads:
@@ -74,6 +121,16 @@ class M3Heads:
             if token is not None
         ]
         return cls(sparse, colbert, [i for i in dropped if isinstance(i, int)])
+
+    @property
+    def width(self) -> int:
+        """Values per ColBERT vector."""
+        return int(self.colbert.out_features)
+
+    def to(self, device: Any) -> M3Heads:
+        """On the device the model's hidden states are (the heads stay float32)."""
+        self.sparse, self.colbert = self.sparse.to(device), self.colbert.to(device)
+        return self
 
     def outputs(
         self, hidden: Any, mask: Any, input_ids: Any, asked: Sequence[frozenset[str]]

@@ -53,11 +53,16 @@ class Engine(Protocol):
     # ------------------------------------------------------------ calls
 
     async def embed(
-        self, sentences: Sequence[Any], task: str | None = None, prompt: str | None = None
+        self,
+        sentences: Sequence[Any],
+        task: str | None = None,
+        prompt: str | None = None,
+        outputs: frozenset[str] | None = None,
     ) -> tuple[list[Any], int]:
         """Vectors (or token vectors, or sparse vectors) and the tokens they took. `task`:
         "query" / "document" on a model with modes; `prompt`: a system prompt on a model
-        with messages."""
+        with messages; `outputs`: what a model with several outputs (outputs()) is asked
+        for, a bge_m3.M3Output per input."""
         ...
 
     async def image_embed(
@@ -105,6 +110,11 @@ class Engine(Protocol):
 
     def sparse_size(self) -> int | None:
         """A sparse model's vector size (its vocabulary); None for any other."""
+        ...
+
+    def outputs(self) -> tuple[str, ...]:
+        """What one forward of the model can give besides its vector (BGE-M3's dense, sparse
+        and multivector: bge_m3.OUTPUTS); () for a model with one output."""
         ...
 
     def reports_tokens(self) -> bool:

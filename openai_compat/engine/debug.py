@@ -40,6 +40,7 @@ class DebugRunner:
     kind: TextKind = "embedder"
     modalities: frozenset[str] = frozenset({"text"})
     multivector = False
+    m3 = None  # no BGE-M3 heads
     modes = False
     exported = None
     sparse_size: int | None = None

@@ -23,18 +23,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from openai_compat.engine import classes, folders, late, limits, pooling, precision
+from openai_compat.engine import bge_m3, classes, folders, late, limits, pooling, precision, tails
 from openai_compat.engine.debug import DebugRunner
 from openai_compat.engine.prep import FairPrep
 from openai_compat.engine.priority import in_background, reserve_prepared, tenant
 from openai_compat.engine.refusals import EngineStopped, InputRefused, OutputTooLarge
 from openai_compat.engine.scheduler import Scheduler
+from openai_compat.engine.tails import RerankScore
 from openai_compat.engine.text import TextKind, TextRunner
 from openai_compat.frame.model_config import DEBUG_ENGINE
 
@@ -47,15 +47,6 @@ _CAPABILITIES: dict[TextKind, set[str]] = {
     "clap": {"embed", "audio_embed"},
 }
 logger = logging.getLogger("openai_compat")
-
-
-@dataclass
-class RerankScore:
-    """One document's score (the fields inference/scoring.py reads of any engine's rerank)."""
-
-    index: int
-    relevance_score: float
-    document: str
 
 
 class NativeEngine:
@@ -113,10 +104,15 @@ class NativeEngine:
     # ------------------------------------------------------------ calls
 
     async def _run(
-        self, inputs: Sequence[Any], task: str | None = None, prompt: str | None = None
+        self,
+        inputs: Sequence[Any],
+        task: str | None = None,
+        prompt: str | None = None,
+        outputs: frozenset[str] | None = None,
     ) -> tuple[list[Any], int]:
         """The runner's results for `inputs`, and the tokens they took (after truncation,
-        special tokens and a VLM's image tokens included)."""
+        special tokens and a VLM's image tokens included). `outputs`: what a BGE-M3 caller
+        asked of the forward (bge_m3.M3Output per input)."""
         if not self.is_running:
             raise EngineStopped(f"model {self.name!r}: the engine is not running")
         name, weight = tenant()
@@ -127,17 +123,29 @@ class NativeEngine:
             rows = await asyncio.wrap_future(job)
         except ValueError as exc:  # preparation is the inputs' alone: the client's to mend
             raise InputRefused(f"the model could not prepare these inputs: {exc}") from exc
-        if self._output_bound is not None:
-            width, most = self._output_bound
-            values = sum(r.length for r in rows if r.tokens) * width
-            if values > most:
-                raise OutputTooLarge(values, most)
+        for row in rows if outputs else ():
+            row.outputs = outputs
+        self._check_output(rows, outputs)
         await reserve_prepared(sum(r.used for r in rows))  # where the caller could not count
         costs = [r.length for r in rows]
         results = await self.scheduler.submit(
             rows, costs, background=in_background(), tenant=name, weight=weight
         )
         return results, sum(r.used for r in rows)
+
+    def _check_output(self, rows: Sequence[Any], outputs: frozenset[str] | None) -> None:
+        """OutputTooLarge where the call's token vectors would pass the bound."""
+        if self._output_bound is None:
+            return
+        width, most = self._output_bound
+        if not self.runner.multivector:
+            m3 = self.runner.m3
+            if m3 is None or not outputs or "multivector" not in outputs:
+                return
+            width = m3.width
+        values = sum(r.length for r in rows if r.tokens) * width
+        if values > most:
+            raise OutputTooLarge(values, most)
 
     def bound_output(self, width: int, most: int) -> None:
         """Refuse a call whose token vectors (its rows' tokens x `width`) would pass `most`
@@ -162,13 +170,20 @@ class NativeEngine:
         return "message" in self.runner.modalities
 
     async def embed(
-        self, sentences: Sequence[str], task: str | None = None, prompt: str | None = None
+        self,
+        sentences: Sequence[str],
+        task: str | None = None,
+        prompt: str | None = None,
+        outputs: frozenset[str] | None = None,
     ) -> tuple[list[Any], int]:
         """Unit vectors (or token vectors) with their tokens and norms; usage in tokens.
         `task`: "query" or "document" on a model with modes (its default: document);
-        `prompt`: a model with messages' system prompt."""
+        `prompt`: a model with messages' system prompt; `outputs`: a BGE-M3 model's
+        (bge_m3.OUTPUTS), an M3Output per input."""
         self._check("embed")
-        return await self._run(sentences, task, prompt)
+        if outputs and self.runner.m3 is None:
+            raise ValueError(f"model {self.name!r} gives one kind of vector only")
+        return await self._run(sentences, task, prompt, outputs)
 
     async def image_embed(
         self, *, images: Sequence[Any], prompt: str | None = None
@@ -192,7 +207,7 @@ class NativeEngine:
         self._check("rerank")
         rows, tokens = await self._run([(query, d) for d in docs])
         logits = np.stack(rows)[:, 0] if rows else np.zeros(0, dtype=np.float32)
-        scores = logits if raw_scores else self._activation(logits)
+        scores = logits if raw_scores else tails.activation(self.model, logits)
         results = [
             RerankScore(i, float(s), d) for i, (s, d) in enumerate(zip(scores, docs, strict=True))
         ]
@@ -204,13 +219,13 @@ class NativeEngine:
         """Every label's probability (softmax of the logits) per input, or the logits."""
         self._check("classify")
         rows, tokens = await self._run(sentences)
-        return [self._labelled(r, softmax=not raw_scores) for r in rows], tokens
+        return [tails.labelled(r, self._labels, softmax=not raw_scores) for r in rows], tokens
 
     async def logits(self, inputs: Sequence[Any]) -> list[list[dict[str, Any]]]:
         """Raw logits per input: a text, or a {'text', 'text_pair'} dict (a pair)."""
         pairs = [(x["text"], x["text_pair"]) if isinstance(x, dict) else x for x in inputs]
         rows, _ = await self._run(pairs)
-        return [self._labelled(r, softmax=False) for r in rows]
+        return [tails.labelled(r, self._labels, softmax=False) for r in rows]
 
     def close(self) -> None:
         """As a model's logits runner (ModelEntry.logits): nothing of its own to close, the
@@ -219,27 +234,6 @@ class NativeEngine:
     def _check(self, capability: str) -> None:
         if capability not in self.capabilities:
             raise ValueError(f"model {self.name!r} cannot {capability}")
-
-    def _activation(self, logits: np.ndarray) -> np.ndarray:
-        import torch
-
-        fn = getattr(self.model, "activation_fn", None)
-        if fn is None:
-            return logits
-        # in float64: a confident pair's sigmoid stays invertible (TEI's raw_scores takes
-        # the logit back; float32 rounds sigmoid(16) to 1 - 1e-7 and loses it)
-        with torch.inference_mode():
-            return fn(torch.from_numpy(np.asarray(logits, dtype=np.float64))).numpy()
-
-    def _labelled(self, row: np.ndarray, *, softmax: bool) -> list[dict[str, Any]]:
-        values = row.astype(np.float64)
-        if softmax:
-            values = np.exp(values - values.max())
-            values = values / values.sum()
-        return [
-            {"label": self._labels.get(i, f"LABEL_{i}"), "score": float(v)}
-            for i, v in enumerate(values)
-        ]
 
     # ------------------------------------------- what the server asks (contract.Engine)
 
@@ -274,6 +268,9 @@ class NativeEngine:
 
     def sparse_size(self) -> int | None:
         return self.runner.sparse_size
+
+    def outputs(self) -> tuple[str, ...]:
+        return bge_m3.OUTPUTS if self.runner.m3 is not None else ()
 
     def reports_tokens(self) -> bool:
         return not self.runner.multivector  # token vectors: the server counts
@@ -370,6 +367,8 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
         exported=exported,
         modes=type(model).__name__ == "MultiVectorEncoder",
     )
+    if kind == "embedder" and not multivector and exported is None:
+        runner.m3 = bge_m3.heads_of(model, source, config.revision)
     engine = NativeEngine(
         runner,
         name=config.served_name,

@@ -53,6 +53,9 @@ class Row:
     task: str | None = None  # a multi-vector model's mode ("query", "document"); None: none
     # a token row's other tensors (an image's pixels...), leading axis kept: concatenated
     blobs: dict[str, Any] = field(default_factory=dict)
+    # what a BGE-M3 caller asked of the row's forward (bge_m3.OUTPUTS); None: the model's
+    # one vector. Rows asking different outputs share a batch: only the heads differ.
+    outputs: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.used < 0:

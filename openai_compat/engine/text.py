@@ -48,6 +48,7 @@ class TextRunner:
         self.model, self.kind, self.threads = model, kind, threads
         self.multivector = multivector
         self.modes = modes
+        self.m3: Any | None = None  # a BGE-M3 folder's heads (bge_m3.M3Heads; native.load)
         self.exported = exported  # the export's folder, where one runs the forward pass
         # An export whose runtime takes a thread count per batch says what the counts need
         # (ONNX: a session each, exported.py); OpenVINO's keeps the pool it was built with.
@@ -206,7 +207,24 @@ class TextRunner:
                 return self._scores(out)
             if self.kind == "sparse":
                 return self._sparse(out, rows)
+            if self.m3 is not None and any(r.outputs for r in rows):
+                return self._m3(out, features, rows)
             return self._vectors(out, rows)
+
+    def _m3(self, out: dict[str, Any], features: dict[str, Any], rows: Sequence[Row]) -> list[Any]:
+        """BGE-M3's outputs from the one forward: a row that asked none gets the model's
+        dense vector as any embedder's, the others what they asked (bge_m3.M3Output)."""
+        asked = [r.outputs or frozenset() for r in rows]
+        assert self.m3 is not None
+        made = self.m3.outputs(
+            out["token_embeddings"], features["attention_mask"], features["input_ids"], asked
+        )
+        dense = self._vectors(out, rows)
+        results: list[Any] = []
+        for row, plain, m3 in zip(rows, dense, made, strict=True):
+            m3.tokens = row.used
+            results.append(m3 if row.outputs else plain)
+        return results
 
     def _vectors(self, out: dict[str, Any], rows: Sequence[Row]) -> list[Any]:
         if self.multivector:

@@ -29,6 +29,10 @@ class SparseVector:
     values: np.ndarray
     tokens: int = 0
 
+    @property
+    def nbytes(self) -> int:  # what the exact cache counts it as
+        return int(self.indices.nbytes + self.values.nbytes)
+
     @classmethod
     def from_dense(cls, row: np.ndarray, tokens: int = 0) -> SparseVector:
         indices = np.flatnonzero(row).astype("<u4")

@@ -122,19 +122,23 @@ async def embed_texts(
     prompt: str = "",
     truncate: bool | None = None,
     mode: str | None = None,
+    outputs: frozenset[str] | None = None,
 ) -> EmbedResult:
     """Embed texts, each after `prompt`; usage counts the model's own tokens (prompt
     included) after truncation. `truncate` overrides the model's setting. `mode`: the side
     of a model with query and document modes (else the chosen prompt's, prompts.Prompt).
+    `outputs`: what a BGE-M3 model is asked for (a bge_m3.M3Output per input).
 
     Where the engine reports each embedding's tokens (entry.engine_counts) that count is
     used; otherwise the model's tokenizer counts beside the engine. A sparse model's vectors
     are SparseVectors.
     """
     mode = mode or mode_of(prompt)
-    result = await _embed(entry, texts, settings, names, prompt, truncate, mode)
+    result = await _embed(entry, texts, settings, names, prompt, truncate, mode, outputs)
     if entry.sparse:  # SparseVectors: a NaN weight must not reach a client as a number
         check_sparse_finite(result.vectors)
+    elif outputs and "sparse" in outputs:
+        check_sparse_finite([v.sparse for v in result.vectors])
     return result
 
 
@@ -146,6 +150,7 @@ async def _embed(
     prompt: str,
     truncate: bool | None,
     mode: str | None,
+    outputs: frozenset[str] | None,
 ) -> EmbedResult:
     truncate = truncate_for(entry, settings) if truncate is None else truncate
     if texts and isinstance(texts[0], TokenIds):
@@ -156,7 +161,7 @@ async def _embed(
                 param="input",
                 code="unsupported_input",
             )
-        return await _embed_ids(entry, texts, settings, names, truncate)  # no prompt: as sent
+        return await _embed_ids(entry, texts, settings, names, truncate, outputs)  # as sent
     # a VLM's prompt is a system message beside the text (the library's place for it)
     system = str(prompt) if prompt and entry.messages else None
     if prompt and system is None:
@@ -173,21 +178,26 @@ async def _embed(
                     vectors, usage = await entry.embed(prepared, mode, system)
             else:
                 await reserve_tokens(tokens)
-                vectors, usage = await entry.embed(prepared, mode, system)
+                vectors, usage = await entry.embed(prepared, mode, system, outputs)
             exact = (settings.count_tokens or not truncate) and not entry.messages
             return EmbedResult(vectors, tokens if exact else int(usage))
         if counter is None or not settings.count_tokens or entry.engine_counts or entry.messages:
-            vectors, usage = await entry.embed(list(texts), mode, system)
+            vectors, usage = await entry.embed(list(texts), mode, system, outputs)
             counted = engine_token_count(vectors) if settings.count_tokens else None
             return EmbedResult(vectors, int(usage) if counted is None else counted)
         tokens, (vectors, _) = await asyncio.gather(
-            counter.usage(texts, truncate=True), entry.embed(list(texts), mode)
+            counter.usage(texts, truncate=True), entry.embed(list(texts), mode, None, outputs)
         )
         return EmbedResult(vectors, tokens)
 
 
 async def _embed_ids(
-    entry: ModelEntry, texts: Sequence[str], settings: Settings, names: Names, truncate: bool
+    entry: ModelEntry,
+    texts: Sequence[str],
+    settings: Settings,
+    names: Names,
+    truncate: bool,
+    outputs: frozenset[str] | None = None,
 ) -> EmbedResult:
     """Inputs given as the model's own ids: usage is their count (after truncation to the
     model's limit, or a 400 without truncation), the vectors those ids' exactly."""
@@ -201,7 +211,7 @@ async def _embed_ids(
                 inputs[i] = TokenIds(t, t.ids[:limit])
     with entry.admit(len(inputs), settings.max_queued_inputs), engine_errors():
         await reserve_tokens(sum(len(t.ids) for t in inputs))  # once the queue took them
-        vectors, _ = await entry.embed(list(inputs))
+        vectors, _ = await entry.embed(list(inputs), None, None, outputs)
     return EmbedResult(vectors, sum(len(t.ids) for t in inputs))
 
 
@@ -263,6 +273,7 @@ async def embed_fitted(
     prompt: str,
     keep: Literal["start", "end"] | None,
     max_tokens: int | None = None,
+    outputs: frozenset[str] | None = None,
 ) -> EmbedResult:
     """embed_texts with the truncation a client chose: which part of an over-long text
     survives (keep="start": the model's own truncation; "end"; None: refuse it), and an
@@ -272,10 +283,10 @@ async def embed_fitted(
     )
     if fitted is not None:  # the prompt is inside the fitted texts; its side is not
         return await embed_texts(
-            entry, fitted, settings, names, truncate=True, mode=mode_of(prompt)
+            entry, fitted, settings, names, truncate=True, mode=mode_of(prompt), outputs=outputs
         )
     return await embed_texts(
-        entry, texts, settings, names, prompt=prompt, truncate=keep is not None
+        entry, texts, settings, names, prompt=prompt, truncate=keep is not None, outputs=outputs
     )
 
 

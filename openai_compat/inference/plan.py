@@ -83,6 +83,9 @@ class EmbedPlan:
     dimensions: int | None = None
     dimensions_param: str = "dimensions"
     sparse_only: str | None = None  # a sparse-only option the request set (top_k, ...)
+    # what a model with several outputs (BGE-M3) is asked for; None: its one dense vector
+    outputs: frozenset[str] | None = None
+    outputs_param: str = "output_types"
 
 
 @dataclass
@@ -101,10 +104,26 @@ class Embedded:
 def check(entry: ModelEntry, plan: EmbedPlan) -> None:
     """The plan's refusals that need no work (run makes them first too; a route that must
     refuse in its dialect's order calls this early)."""
-    if plan.sparse_only is not None and not entry.sparse:
+    asked = plan.outputs or frozenset()
+    if plan.outputs is not None and not entry.outputs:
         raise BadRequest(
-            f"'{plan.sparse_only}' applies to sparse models only; {entry.name!r} is not one.",
+            f"'{plan.outputs_param}' applies to models with several outputs (BGE-M3); "
+            f"{entry.name!r} gives one.",
+            param=plan.outputs_param,
+            code="unsupported_parameter",
+        )
+    if plan.sparse_only is not None and not entry.sparse and "sparse" not in asked:
+        what = f"'{plan.outputs_param}' with 'sparse'" if entry.outputs else "sparse models"
+        raise BadRequest(
+            f"'{plan.sparse_only}' applies to {what} only; {entry.name!r} is not one.",
             param=plan.sparse_only,
+            code="unsupported_parameter",
+        )
+    if plan.dimensions is not None and plan.outputs is not None and "dense" not in asked:
+        raise BadRequest(
+            f"'{plan.dimensions_param}' cuts dense vectors; this request asks for "
+            f"{', '.join(sorted(asked))} only.",
+            param=plan.dimensions_param,
             code="unsupported_parameter",
         )
     if entry.sparse and plan.dimensions is not None:
@@ -131,9 +150,10 @@ async def run(
         prompt = with_title(prompt, plan.title)
         texts = await texts_from_input(plan.texts, entry, settings, plan.param)
         mode = _long_mode(entry, plan, texts)
-        if mode in WINDOWED and entry.sparse:
+        if mode in WINDOWED and (entry.sparse or plan.outputs is not None):
+            what = f"{entry.name!r} is sparse" if entry.sparse else f"'{plan.outputs_param}' is set"
             raise BadRequest(
-                f"long_input {mode!r} applies to dense models; {entry.name!r} is sparse (use "
+                f"long_input {mode!r} applies to dense vectors alone; {what} (use "
                 "'truncate' or 'error').",
                 param="long_input",
                 code="unsupported_parameter",
@@ -162,6 +182,7 @@ async def run(
                 prompt=prompt,
                 keep=plan.keep,
                 max_tokens=plan.max_tokens,
+                outputs=plan.outputs,
             )
             parts.append((plan.text_at, fitted))
         else:
@@ -171,10 +192,22 @@ async def run(
             if truncate is None:
                 truncate = truncate_for(entry, settings, plan.truncate_default)
             result = await embed_texts(
-                entry, texts, settings, plan.names, prompt=prompt, truncate=truncate
+                entry,
+                texts,
+                settings,
+                plan.names,
+                prompt=prompt,
+                truncate=truncate,
+                outputs=plan.outputs,
             )
             parts.append((plan.text_at, result))
     if plan.media is not None:
+        if plan.outputs is not None:
+            raise BadRequest(
+                f"'{plan.outputs_param}' applies to text inputs.",
+                param=plan.outputs_param,
+                code="unsupported_parameter",
+            )
         if fetcher is None:
             raise RuntimeError("a plan with media needs the app's media fetcher")
         paired = [(k, m[1]) for k, m in enumerate(plan.media) if isinstance(m, tuple)]
@@ -205,8 +238,9 @@ async def run(
             for i, vector in zip(at, result.vectors, strict=True):
                 done.vectors[i] = vector
     done.count = len(done.vectors)
-    if entry.multivector:  # cache hits too: the engine bounds only what it computes
-        values = sum(int(np.size(v)) for v in done.vectors)
+    if entry.multivector or "multivector" in (plan.outputs or ()):  # cache hits too: the
+        # engine bounds only what it computes
+        values = sum(int(np.size(getattr(v, "multivector", v))) for v in done.vectors)
         if values > settings.max_multivector_values:
             too_large = OutputTooLarge(values, settings.max_multivector_values)
             raise BadRequest(str(too_large), param="input", code="output_too_large")

@@ -49,6 +49,8 @@ class ModelEntry:
     raw_output: bool = False  # vectors keep their pre-normalisation norm (TEI normalize=false)
     exact_token_ids: bool = False  # token_ids = "model": ids reach the model as given
     sparse: bool = False  # SPLADE: sparse vectors (sparse.SparseVector), dimensions = vocabulary
+    # what one forward can give (BGE-M3's "dense", "sparse", "multivector"); (): one vector
+    outputs: tuple[str, ...] = ()
     image_tokens: int = 0  # tokens one image is to the model (ViT patches + class token)
     image_side: int | None = None  # the shortest side its processor keeps (decoding shrinks)
     precision: dict[str, Any] | None = None  # dtype, device, why, the check's figures
@@ -134,27 +136,43 @@ class ModelEntry:
         return int(self.engine.queue_length()) + held
 
     async def embed(
-        self, texts: list[str], mode: str | None = None, prompt: str | None = None
+        self,
+        texts: list[str],
+        mode: str | None = None,
+        prompt: str | None = None,
+        outputs: frozenset[str] | None = None,
     ) -> tuple[list[Any], int]:
         """The engine's embed (vectors, usage), through the exact cache (cache.py) and the
         feeder where there are. `mode` ("query", "document"): a model with modes only;
-        `prompt`: a model with messages only (its system prompt, part of the cache's key)."""
+        `prompt`: a model with messages only (its system prompt, part of the cache's key);
+        `outputs`: a model with several (BGE-M3) only, part of the cache's key."""
         if mode is not None and not self.modes:
             raise RuntimeError(f"model {self.name!r} has no query and document modes")
         if prompt and not self.messages:
             raise RuntimeError(f"model {self.name!r} takes its prompt in the text")
+        if outputs and not outputs <= set(self.outputs):
+            raise RuntimeError(f"model {self.name!r} cannot give {sorted(outputs)}")
 
         async def compute(todo: list[str]) -> tuple[list[Any], int]:
-            return await self._embed(todo, mode, prompt)
+            return await self._embed(todo, mode, prompt, outputs)
 
         if self.cache is not None:
             keyed = mode if not prompt else f"{mode}|system:{prompt}"
+            if outputs:
+                keyed = f"{keyed}|outputs:{','.join(sorted(outputs))}"
             return await self.cache.embed(self.name, texts, compute, mode=keyed)
         return await compute(texts)
 
     async def _embed(
-        self, texts: list[str], mode: str | None, prompt: str | None = None
+        self,
+        texts: list[str],
+        mode: str | None,
+        prompt: str | None = None,
+        outputs: frozenset[str] | None = None,
     ) -> tuple[list[Any], int]:
+        if outputs:  # the native engine (and Ray replicas of it): no feeder
+            asked: tuple[list[Any], int] = await self.engine.embed(texts, mode, prompt, outputs)
+            return asked
         if prompt:  # the native engine: a VLM's system prompt
             prompted: tuple[list[Any], int] = await self.engine.embed(texts, None, prompt)
             return prompted

@@ -140,6 +140,7 @@ async def describe(
         and sparse_size is None
         and not multivector,
         sparse=sparse_size is not None,
+        outputs=engine.outputs(),
         modalities=engine.modalities,
         messages=engine.messages,
         prompts=prompts,
@@ -186,7 +187,8 @@ class ModelLoader:
             entry = await describe(config, engine, self.cl100k, export_dir or default_export_dir())
             if config.model_warmup:
                 await warm_up(entry)
-            if entry.multivector and entry.dimensions and self.max_multivector_values:
+            multivector = entry.multivector or "multivector" in entry.outputs
+            if multivector and entry.dimensions and self.max_multivector_values:
                 # clients' calls, not the warm-up's
                 engine.bound_output(entry.dimensions, self.max_multivector_values)
         except BaseException as exc:

@@ -78,9 +78,11 @@ class ModelServer:
         task: str | None = None,
         background: bool = False,
         prompt: str | None = None,
+        outputs: list[str] | None = None,
     ) -> tuple[dict[str, Any], int]:
         with self._serving("embed", len(texts), background):
-            vectors, usage = await self.entry.embed(texts, task, prompt)
+            asked = frozenset(outputs) if outputs else None
+            vectors, usage = await self.entry.embed(texts, task, prompt, asked)
         return pack(vectors), usage
 
     async def image_embed(

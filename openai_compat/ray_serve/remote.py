@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from openai_compat.engine.bge_m3 import M3Output
 from openai_compat.engine.build import engine_package
 from openai_compat.engine.priority import in_background
 from openai_compat.engine.usage import TokenCountedArray
@@ -55,6 +56,8 @@ def pack(vectors: Sequence[Any]) -> dict[str, Any]:
     """Embeddings -> a picklable dict keeping each one's token count and raw norm."""
     if vectors and isinstance(vectors[0], SparseVector):
         return {"sparse": [(v.indices, v.values, v.tokens) for v in vectors]}
+    if any(isinstance(v, M3Output) for v in vectors):  # BGE-M3's asked outputs, as they are
+        return {"objects": list(vectors)}
     return {
         "arrays": [np.asarray(v) for v in vectors],
         "tokens": [getattr(v, "tokens", None) for v in vectors],
@@ -65,6 +68,8 @@ def pack(vectors: Sequence[Any]) -> dict[str, Any]:
 def unpack(packed: dict[str, Any]) -> list[Any]:
     if "sparse" in packed:
         return [SparseVector(i, v, t) for i, v, t in packed["sparse"]]
+    if "objects" in packed:
+        return list(packed["objects"])
     out: list[Any] = []
     for array, tokens, norm in zip(
         packed["arrays"], packed["tokens"], packed["norms"], strict=True
@@ -114,10 +119,16 @@ class RemoteEngine:
             raise
 
     async def embed(
-        self, sentences: Sequence[str], task: str | None = None, prompt: str | None = None
+        self,
+        sentences: Sequence[str],
+        task: str | None = None,
+        prompt: str | None = None,
+        outputs: frozenset[str] | None = None,
     ) -> tuple[list[Any], int]:
         args: tuple[Any, ...] = (list(sentences),) if task is None else (list(sentences), task)
-        options = {"prompt": prompt} if prompt else {}
+        options: dict[str, Any] = {"prompt": prompt} if prompt else {}
+        if outputs:
+            options["outputs"] = sorted(outputs)
         packed, usage = await self._call("embed", *args, **options)
         return unpack(packed), usage
 
@@ -228,6 +239,7 @@ def remote_entry(
 # The ModelEntry fields a description carries as they are.
 ENTRY_FIELDS = (
     "dimensions",
+    "outputs",
     "max_length",
     "multivector",
     "modes",

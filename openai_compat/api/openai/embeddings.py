@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_compat.api.items import item_plan
+from openai_compat.api.openai.outputs import answer, asked_outputs
 from openai_compat.api.protocol import (
     ERROR_RESPONSES,
     ContentItem,
@@ -76,8 +78,10 @@ def _check_dtype(body: EmbeddingRequest, entry: ModelEntry) -> bool:
     work where the vectors are not one dense row per input."""
     if body.output_dtype in (None, "float"):
         return False
-    if entry.sparse or entry.multivector or body.long_input in ("chunks", "late"):
+    several = body.output_types is not None and set(body.output_types) != {"dense"}
+    if entry.sparse or entry.multivector or several or body.long_input in ("chunks", "late"):
         what = "sparse" if entry.sparse else "multi-vector" if entry.multivector else "chunked"
+        what = f"those of output_types {body.output_types}" if several else what
         raise BadRequest(
             f"output_dtype {body.output_dtype!r} applies to one dense vector per input; "
             f"this request's vectors are {what}.",
@@ -133,7 +137,8 @@ async def serve_embeddings(
     sparse_only = sparse_only or next(
         (p for p in ("top_k", "min_weight") if getattr(body, p) is not None), None
     )
-    if named.sparse and modality == "text":
+    outputs = asked_outputs(named, body.output_types)
+    if (named.sparse or (outputs and "sparse" in outputs)) and modality == "text":
         check_options(body.top_k, body.min_weight)
     compact = _check_dtype(body, named)
     plan = EmbedPlan(
@@ -151,6 +156,7 @@ async def serve_embeddings(
         dimensions=dimensions,
         dimensions_param="dimensions" if body.dimensions is not None else "output_dimension",
         sparse_only=sparse_only,
+        outputs=outputs,
     )
     try:
         done = await run(named, plan, settings_of(request), media_of(request))
@@ -170,6 +176,18 @@ async def serve_embeddings(
         return Response(payload, media_type="application/json")
     if named.sparse and modality == "text":
         return _sparse(named, body, done)
+    if outputs is not None:
+        return answer(
+            done.vectors,
+            outputs,
+            fmt=fmt,
+            dimensions=dimensions,
+            top_k=body.top_k,
+            min_weight=body.min_weight,
+            token_of=_token_of(named, body),
+            model=body.model,
+            tokens=done.tokens,
+        )
     payload = embedding_payload(
         done.vectors,
         fmt=fmt,
@@ -230,9 +248,13 @@ def _media_items(given: Any, modality: str) -> list[str]:
     return list(items)
 
 
+def _token_of(entry: ModelEntry, body: EmbeddingRequest) -> Callable[[int], str] | None:
+    return entry.tokenizer("return_tokens").token if body.return_tokens else None
+
+
 def _sparse(entry: ModelEntry, body: EmbeddingRequest, done: Embedded) -> Response:
     """A sparse (SPLADE) model: per input {"indices", "values"} (see formats/sparse.py)."""
-    token_of = entry.tokenizer("return_tokens").token if body.return_tokens else None
+    token_of = _token_of(entry, body)
     fmt = body.encoding_format or "float"
     data = [
         embedding_object(v.select(body.top_k, body.min_weight), i, fmt=fmt, token_of=token_of)

@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from openai_compat.api.protocol import ERROR_RESPONSES, ModelCard, ModelList
 from openai_compat.api.request import ready_registry
+from openai_compat.engine.bge_m3 import SCORE_MODES
 from openai_compat.formats.encoding import orjson_response
 from openai_compat.models.registry import ModelEntry, Registry, owned_by
 
@@ -29,6 +30,8 @@ def card(entry: ModelEntry, id: str) -> dict[str, Any]:
         dimensions=entry.dimensions,
         multivector=entry.multivector or None,
         matryoshka_dimensions=entry.config.matryoshka_dimensions,
+        outputs=list(entry.outputs) or None,
+        score_modes=list(SCORE_MODES) if entry.outputs else None,
         max_input_tokens=entry.max_length,
         **(entry.prompts.describe() or {}),
         quantization_range=entry.quantizer.range(entry.dimensions or 0)

@@ -92,10 +92,16 @@ class InfinityEngine:
         await self.inner.astop()
 
     async def embed(
-        self, sentences: Sequence[Any], task: str | None = None, prompt: str | None = None
+        self,
+        sentences: Sequence[Any],
+        task: str | None = None,
+        prompt: str | None = None,
+        outputs: frozenset[str] | None = None,
     ) -> tuple[list[Any], int]:
-        if task is not None or prompt:
-            raise ValueError(f"model {self.name!r} has no query and document modes or messages")
+        if task is not None or prompt or outputs:
+            raise ValueError(
+                f"model {self.name!r} has no query and document modes, messages or outputs"
+            )
         return await _refused(self.inner.embed(list(sentences)))
 
     async def image_embed(
@@ -168,6 +174,9 @@ class InfinityEngine:
 
     def image_tokens(self) -> int:
         return internals.image_tokens(self.replica)
+
+    def outputs(self) -> tuple[str, ...]:
+        return ()  # BGE-M3's heads run on the native engine
 
     def precision(self) -> dict[str, Any] | None:
         return None  # infinity-emb chooses its own dtype (bf16 or fp16 on a GPU)
