@@ -2,14 +2,11 @@
 BGEM3FlagModel on a tiny random BGE-M3 folder (models/demo_m3.py): dense, lexical weights and
 ColBERT vectors from one forward pass of the library's model, to 1e-5; the dense, sparse,
 ColBERT and hybrid scores of query/document pairs, to 1e-5. FlagEmbedding runs in an
-environment of its own (requirements/flagembedding.txt, built by CI: `.venv-flag`, or
-FLAG_PYTHON), in a subprocess."""
+environment of its own, in a subprocess (tests/reference/flag.py). The served routes:
+test_e2e_bge_m3.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +15,8 @@ import pytest
 
 from openai_compat.engine import bge_m3
 from openai_compat.models.demo_m3 import build_bge_m3
+from tests.reference.flag import flag_reference
 
-ROOT = Path(__file__).resolve().parents[1]
-FLAG_PYTHON = Path(os.environ.get("FLAG_PYTHON", ROOT / ".venv-flag" / "bin" / "python"))
 # repeated words (a token id's largest weight is kept), an unknown word (<unk> is dropped),
 # lengths that pad one another in a batch
 TEXTS = [
@@ -43,20 +39,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(folder: Path) -> dict[str, Any]:
-    if not FLAG_PYTHON.exists():
-        pytest.skip(
-            f"no FlagEmbedding environment at {FLAG_PYTHON} (requirements/flagembedding.txt)"
-        )
-    script = ROOT / "tests" / "reference" / "flagembedding_m3.py"
-    done = subprocess.run(
-        [str(FLAG_PYTHON), str(script), str(folder), json.dumps(TEXTS), json.dumps(PAIRS)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return flag_reference(folder, TEXTS, PAIRS)
 
 
 @pytest.fixture(scope="module")
@@ -166,21 +149,3 @@ def test_a_damaged_head_is_an_error_naming_its_file(folder: Path, tmp_path: Path
         bge_m3.HeadError, match=r"sparse_linear\.pt cannot be loaded: its weight is \[1, 32\]"
     ):
         bge_m3.M3Heads.load(tmp_path, tokenizer, 64)  # heads for another width
-
-
-@pytest.mark.slow
-def test_the_server_serves_a_bge_m3_folder_dense_by_default(
-    folder: Path, reference: dict[str, Any], tmp_path: Path
-) -> None:
-    """Served from `[[models]] name, model` alone, /v1/embeddings answers BGE-M3's dense
-    vectors (FlagEmbedding's), so every OpenAI client works on it unchanged."""
-    import httpx
-
-    from tests.utils import server_with
-
-    with server_with(tmp_path, [{"name": "bge-m3", "model": str(folder)}]) as srv:
-        r = httpx.post(srv.url + "/v1/embeddings", json={"model": "bge-m3", "input": TEXTS})
-        assert r.status_code == 200, r.text
-        got = [d["embedding"] for d in r.json()["data"]]
-        np.testing.assert_allclose(got, reference["dense"], atol=1e-5)
-        assert r.json()["usage"]["prompt_tokens"] == 12 + 6 + 8 + 5

@@ -194,6 +194,11 @@ class ModelConfig(BaseModel):
         "256, 128]): `dimensions` / `output_dimension` must be one of them or the full size; "
         "absent: any size up to the model's (no model folder declares them).",
     )
+    hybrid_weights: list[float] | None = Field(
+        None,
+        description="BGE-M3's rerank weights for its dense, sparse and ColBERT scores in "
+        "score_mode 'hybrid' (default [0.4, 0.2, 0.4], FlagEmbedding's README's).",
+    )
     quantization_range: float | None = Field(
         None, gt=0, description="Largest |value| int8/uint8 represent (default: calibrated)."
     )
@@ -230,6 +235,15 @@ class ModelConfig(BaseModel):
         if sizes is not None and (not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes)):
             raise ValueError("matryoshka_dimensions must be distinct sizes >= 1")
         return sizes
+
+    @field_validator("hybrid_weights")
+    @classmethod
+    def _weights(cls, weights: list[float] | None) -> list[float] | None:
+        if weights is not None and (len(weights) != 3 or min(weights) < 0 or sum(weights) <= 0):
+            raise ValueError(
+                "hybrid_weights is three weights >= 0 (dense, sparse, ColBERT), not all 0"
+            )
+        return weights
 
     @field_validator("keep_alive", mode="before")
     @classmethod

@@ -25,6 +25,7 @@ from openai_compat.inference.embed import (
     engine_errors,
     truncate_for,
 )
+from openai_compat.inference.hybrid import check_score_mode, hybrid_scores
 from openai_compat.models.registry import ModelEntry
 from openai_compat.tenants.limits import counts_first, reserve_tokens
 
@@ -90,14 +91,17 @@ async def rerank_texts(
     *,
     max_tokens_per_doc: int | None = None,
     docs_param: str = "documents",
+    score_mode: str | None = None,
 ) -> RerankResult:
     """Score every document against the query: best first, scores in [0, 1].
 
     A cross-encoder ranks with its own sigmoid scores. A model that can only embed ranks by the
     cosine similarity of query and document embeddings, mapped to [0, 1] as (cos + 1) / 2.
     A sparse (SPLADE) model ranks by the dot product of the sparse vectors (>= 0, unbounded), a
-    multi-vector (ColBERT-style) one by MaxSim over its token vectors (unbounded).
+    multi-vector (ColBERT-style) one by MaxSim over its token vectors (unbounded). BGE-M3 by
+    its `score_mode` (hybrid.py).
     """
+    score_mode = check_score_mode(entry, score_mode)
     check_count(len(docs), settings.max_rerank_documents, docs_param, "documents")
     if max_tokens_per_doc is not None:
         if max_tokens_per_doc < 1:
@@ -110,6 +114,10 @@ async def rerank_texts(
         cap_matters = entry.max_length is None or max_tokens_per_doc < entry.max_length
         if entry.counter is not None and cap_matters and max_tokens_per_doc < 2**31:
             docs = await entry.counter.truncate_texts(docs, max_tokens_per_doc)
+    if entry.outputs:
+        names = _rerank_names(docs_param)
+        scores, tokens = await hybrid_scores(entry, query, docs, settings, names, score_mode)
+        return _ranked(entry, scores, tokens)
     if entry.cosine_rerank:
         return await _cosine_rerank(entry, query, docs, settings, docs_param)
     if entry.multivector:
@@ -236,9 +244,14 @@ async def _maxsim_rerank(
         result = await embed_texts(entry, [query, *docs], settings, _rerank_names(docs_param))
     q, *matrices = (np.asarray(v, dtype=np.float32) for v in result.vectors)
     scores = np.asarray([float((q @ d.T).max(axis=1).sum()) for d in matrices])
+    return _ranked(entry, scores, result.tokens)
+
+
+def _ranked(entry: ModelEntry, scores: np.ndarray, tokens: int) -> RerankResult:
+    """Documents best first (ties: the earlier first), every score a real number."""
     finite_scores(entry, scores)
-    order = np.lexsort((np.arange(len(docs)), -scores))
-    return RerankResult([RankedDocument(int(i), float(scores[i])) for i in order], result.tokens)
+    order = np.lexsort((np.arange(len(scores)), -scores))
+    return RerankResult([RankedDocument(int(i), float(scores[i])) for i in order], tokens)
 
 
 def _rerank_names(docs_param: str) -> Names:
@@ -253,10 +266,7 @@ async def _sparse_rerank(
 ) -> RerankResult:
     result = await embed_texts(entry, [query, *docs], settings, _rerank_names(docs_param))
     q, *vectors = result.vectors
-    scores = np.asarray([q.dot(v) for v in vectors])
-    finite_scores(entry, scores)
-    order = np.lexsort((np.arange(len(docs)), -scores))
-    return RerankResult([RankedDocument(int(i), float(scores[i])) for i in order], result.tokens)
+    return _ranked(entry, np.asarray([q.dot(v) for v in vectors]), result.tokens)
 
 
 def finite_scores(entry: ModelEntry, values: Any) -> None:
@@ -364,7 +374,7 @@ def raw_score(entry: ModelEntry, score: float) -> float:
     score is its sigmoid), the cosine for an embedding model (score = (cos + 1) / 2)."""
     if entry.cosine_rerank:
         return 2.0 * score - 1.0
-    if entry.sparse:  # the dot product itself
+    if entry.sparse or entry.outputs:  # the dot product itself; BGE-M3's compute_score
         return score
     # the scores are float64 sigmoids (engine/native.py): invertible to |logit| ~ 36
     score = min(max(score, math.ulp(0.0)), math.nextafter(1.0, 0.0))

@@ -115,6 +115,8 @@ async def describe(
         caps = caps | {"rerank"}
         if not multivector:
             quantizer = await calibrate(engine, config, cache_dir)
+        if "sparse" in engine.outputs():  # BGE-M3's lexical weights (TEI's /embed_sparse)
+            caps = caps | {"sparse"}
     else:  # rerankers and classifiers: the engines that count the inputs they tokenize
         engine_counts = engine.reports_tokens()
     return ModelEntry(
@@ -138,7 +140,8 @@ async def describe(
         cosine_rerank="embed" in engine_caps
         and "rerank" in caps
         and sparse_size is None
-        and not multivector,
+        and not multivector
+        and not engine.outputs(),  # BGE-M3 ranks by its own scores (inference/hybrid.py)
         sparse=sparse_size is not None,
         outputs=engine.outputs(),
         modalities=engine.modalities,

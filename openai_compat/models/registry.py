@@ -257,13 +257,15 @@ class Registry:
 
 def _best(entries: Sequence[ModelEntry], capability: Capability) -> str | None:
     """The default among `entries` (config order) for a capability: for rerank a real
-    cross-encoder, then MaxSim, then sparse, then cosine ranking; for embed a one-vector
-    model before a multi-vector one."""
+    cross-encoder, then BGE-M3's hybrid, then MaxSim, then sparse, then cosine ranking; for
+    embed a one-vector model before a multi-vector one."""
     able = [e for e in entries if capability in e.capabilities]
     if capability == "rerank":  # stable sorts: config order otherwise
-        able.sort(key=lambda e: (e.cosine_rerank, e.sparse, e.multivector))
+        able.sort(key=lambda e: (e.cosine_rerank, e.sparse, e.multivector, bool(e.outputs)))
     elif capability == "embed":
         able.sort(key=lambda e: e.multivector)
+    elif capability == "sparse":  # a SPLADE model before BGE-M3's lexical weights
+        able.sort(key=lambda e: bool(e.outputs))
     return able[0].name if able else None
 
 

@@ -149,6 +149,11 @@ class RerankRequest(BaseModel):
     max_tokens_per_doc: StrictInt | None = Field(
         None, description="Truncate each document to this many tokens first."
     )
+    score_mode: StrictStr | None = Field(
+        None,
+        description="Extension, BGE-M3 models: 'hybrid' (default), 'dense', 'sparse' or "
+        "'colbert' (FlagEmbedding's compute_score).",
+    )
 
     @field_validator("documents")
     @classmethod

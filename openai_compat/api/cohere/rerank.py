@@ -74,7 +74,12 @@ async def _rerank(request: Request, model: type[RerankRequest], version: str) ->
     else:
         texts = document_texts(body.documents, body.rank_fields)
         result = await rerank_texts(
-            entry, body.query, texts, settings, max_tokens_per_doc=body.max_tokens_per_doc
+            entry,
+            body.query,
+            texts,
+            settings,
+            max_tokens_per_doc=body.max_tokens_per_doc,
+            score_mode=body.score_mode,
         )
     note(request, entry.name, len(texts), result.tokens)
     return orjson_response(rerank_payload(body, result, texts, version))

@@ -24,6 +24,11 @@ class InfinityRerankRequest(BaseModel):
     raw_scores: StrictBool = False
     model: StrictStr = UNNAMED
     top_n: StrictInt | None = Field(None, gt=0)
+    score_mode: StrictStr | None = Field(
+        None,
+        description="Extension, BGE-M3 models: 'hybrid' (default), 'dense', 'sparse' or "
+        "'colbert' (FlagEmbedding's compute_score).",
+    )
 
 
 class InfinityClassifyRequest(BaseModel):

@@ -65,7 +65,9 @@ def _envelope(kind: str, model: str, tokens: int) -> dict[str, Any]:
 async def infinity_rerank(request: Request, body: InfinityRerankRequest) -> Response:
     entry = await _model(request, body.model, "rerank")
     check_top_n(body.top_n)
-    result = await rerank_texts(entry, body.query, body.documents, settings_of(request))
+    result = await rerank_texts(
+        entry, body.query, body.documents, settings_of(request), score_mode=body.score_mode
+    )
     note(request, entry.name, len(body.documents), result.tokens)
     ranked = result.ranked[: body.top_n] if body.top_n else result.ranked
     results = [

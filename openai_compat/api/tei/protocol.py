@@ -66,6 +66,11 @@ class TeiRerankRequest(TeiBody):
     return_text: StrictBool = False
     truncate: StrictBool | None = None
     truncation_direction: Direction = "Right"
+    score_mode: StrictStr | None = Field(
+        None,
+        description="Extension, BGE-M3 models: 'hybrid' (default), 'dense', 'sparse' or "
+        "'colbert' (FlagEmbedding's compute_score).",
+    )
 
 
 class TeiPredictRequest(TeiBody):

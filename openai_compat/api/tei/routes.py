@@ -58,6 +58,7 @@ async def _embed(
     entry: ModelEntry,
     body: TeiEmbedRequest | TeiEmbedSparseRequest,
     dimensions: int | None = None,
+    outputs: frozenset[str] | None = None,
 ) -> Embedded:
     """TEI's inputs, prompt and truncation (Left keeps the end) through the engine, noted."""
     plan = EmbedPlan(
@@ -70,6 +71,7 @@ async def _embed(
         fit=body.truncation_direction.lower() == "left" and body.truncate is not False,
         keep="end",
         dimensions=dimensions,
+        outputs=outputs,
     )
     done = await run(entry, plan, settings_of(request))
     note(request, entry.name, done.count, done.tokens)
@@ -95,8 +97,8 @@ async def tei_embed(
     openapi_extra=body_openapi(TeiEmbedSparseRequest),
 )
 async def embed_sparse(request: Request) -> Response:
-    """TEI: SPLADE sparse vectors, each as [{"index", "value"}] (non-zero weights, ascending
-    index), from the default sparse model."""
+    """TEI: SPLADE sparse vectors (or BGE-M3's lexical weights), each as [{"index",
+    "value"}] (non-zero weights, ascending index), from the default sparse model."""
     entry = await _model(request, "sparse")
     return await _embed_sparse(request, entry, await read_body(request, TeiEmbedSparseRequest))
 
@@ -104,14 +106,16 @@ async def embed_sparse(request: Request) -> Response:
 async def _embed_sparse(
     request: Request, entry: ModelEntry, body: TeiEmbedSparseRequest
 ) -> Response:
-    result = await _embed(request, entry, body)  # checked finite in embed_texts
+    lexical = frozenset({"sparse"}) if entry.outputs else None  # BGE-M3's
+    result = await _embed(request, entry, body, outputs=lexical)  # checked finite there
+    vectors = [v.sparse for v in result.vectors] if lexical else result.vectors
     return orjson_response(
         [
             [
                 {"index": i, "value": v}
                 for i, v in zip(vec.indices.tolist(), vec.values.tolist(), strict=True)
             ]
-            for vec in result.vectors
+            for vec in vectors
         ]
     )
 
@@ -129,7 +133,9 @@ async def tei_rerank(
             entry, docs, prompt="", keep="end", max_tokens=None, names=field_names("texts")
         )
         docs = cut if cut is not None else docs
-    result = await rerank_texts(entry, body.query, docs, settings, docs_param="texts")
+    result = await rerank_texts(
+        entry, body.query, docs, settings, docs_param="texts", score_mode=body.score_mode
+    )
     note(request, entry.name, len(docs), result.tokens)
     out: list[dict[str, Any]] = []
     for r in result.ranked:

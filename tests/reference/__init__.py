@@ -1,0 +1,1 @@
+"""Reference implementations run in environments of their own (scripts run in a subprocess)."""
