@@ -56,6 +56,8 @@ HUB_STAND_INS = {
     # configs/visual.toml: tiny models of each kind (openai_compat/models/demo_vision.py)
     "vidore/colpali-v1.3-hf": "colpali",
     "vidore/colqwen2-v1.0-hf": "colqwen2",
+    # configs/bge-m3.toml: a tiny BGE-M3, its two heads beside it (models/demo_m3.py)
+    "BAAI/bge-m3": "bge-m3",
 }
 
 
@@ -179,6 +181,9 @@ def hub_cache(
     vision = tmp_path_factory.mktemp("vision")
     local["colpali"] = tiny_vision.build_colpali(vision / "colpali")
     local["colqwen2"] = tiny_vision.build_colqwen2(vision / "colqwen2")
+    from openai_compat.models.demo_m3 import build_bge_m3
+
+    local["bge-m3"] = build_bge_m3(tmp_path_factory.mktemp("m3") / "bge-m3")
     cache = tmp_path_factory.mktemp("hub-cache")
     for repo, stand_in in HUB_STAND_INS.items():
         seed(cache, repo, local[stand_in])
