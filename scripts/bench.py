@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests (fixtur
 
 def scenarios() -> dict[str, Any]:
     from benchkit.scenarios import (
+        bge_m3,
         families,
         lab,
         one_client,
@@ -43,7 +44,15 @@ def scenarios() -> dict[str, Any]:
         tenants,
     )
 
-    modules: list[ModuleType | Any] = [one_client, shared_cpu, precision, families, pages, tenants]
+    modules: list[ModuleType | Any] = [
+        one_client,
+        shared_cpu,
+        precision,
+        families,
+        pages,
+        tenants,
+        bge_m3,
+    ]
     return {m.NAME: m for m in [*modules, *lab.SCENARIOS]}
 
 

@@ -240,14 +240,19 @@ async def unload_entry(registry: Registry, entry: ModelEntry) -> None:
     entry.late = None
 
 
+# The longest input the warm-up runs: a model's limit up to this (BGE-M3's 8,192 tokens took
+# 150 s of its 157 s start on 2 CPU cores; attention grows with the square of the length).
+WARM_TOKENS = 512
+
+
 async def warm_up(entry: ModelEntry) -> None:
-    """One full batch of short inputs and one input at the model's limit, through the same
-    engine path requests take: allocators, kernels and the batcher are warm for the first
-    request. (infinity-emb's own warm-up runs a dozen batches, up to 512 tokens each: most of
-    a CPU replica's start-up, for timings it no longer uses.)"""
+    """One full batch of short inputs and one input at the model's limit (at most WARM_TOKENS),
+    through the same engine path requests take: allocators, kernels and the batcher are warm
+    for the first request. (infinity-emb's own warm-up runs a dozen batches, up to 512 tokens
+    each: most of a CPU replica's start-up, for timings it no longer uses.)"""
     size = entry.config.batch_size
     short = [f"warm-up {i}" for i in range(size)]
-    longest = " ".join(["warm"] * (entry.max_length or 512))
+    longest = " ".join(["warm"] * min(entry.max_length or WARM_TOKENS, WARM_TOKENS))
     engine = entry.engine
     if "embed" in entry.capabilities or entry.sparse:
         if entry.quantizer is None or entry.quantizer.from_cache:  # else calibration ran them

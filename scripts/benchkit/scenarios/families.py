@@ -127,6 +127,12 @@ else:
 
 def library(folder: Path, family: str, how: str) -> float:
     cls, method, _ = FAMILIES[family]
+    return library_run(folder, cls, method, how)
+
+
+def library_run(folder: Path, cls: str, method: str, how: str) -> float:
+    """Requests/s of the library's `cls(folder).method` called `how` ("threads": 8 callers
+    x 16 inputs; "merged": 128 inputs a call; "single": 16 a call), in its own process."""
     args = [str(ROOT / "scripts"), str(folder), cls, method, how]  # benchkit's folder
     args += [str(SECONDS), str(WARMUP), str(PER_REQUEST), str(IN_FLIGHT)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
