@@ -258,7 +258,10 @@ def demo_models(folder: Path) -> int:
     )
     from openai_compat.models.demo_vision import NOTICE
 
-    print(f"...and the {NOTICE}.", file=sys.stderr)
+    print(
+        f"...and the {NOTICE}; and a tiny BGE-M3 (its three outputs), RANDOM weights too.",
+        file=sys.stderr,
+    )
     config = demo_models.build(folder)
     print(f"done: openai-compat serve --config {config}", file=sys.stderr)
     return 0

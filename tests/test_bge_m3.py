@@ -149,3 +149,24 @@ def test_a_damaged_head_is_an_error_naming_its_file(folder: Path, tmp_path: Path
         bge_m3.HeadError, match=r"sparse_linear\.pt cannot be loaded: its weight is \[1, 32\]"
     ):
         bge_m3.M3Heads.load(tmp_path, tokenizer, 64)  # heads for another width
+
+
+def test_outputs_travel_between_ray_processes_whole(
+    ours: tuple[list[bge_m3.M3Output], Any],
+) -> None:
+    """serve --ray: a replica's M3Outputs reach the ingress as they were (pack, Ray's pickle,
+    unpack), their token counts with them."""
+    import pickle
+
+    from openai_compat.ray_serve.remote import pack, unpack
+
+    made, _ = ours
+    back = unpack(pickle.loads(pickle.dumps(pack(made))))
+    for got, want in zip(back, made, strict=True):
+        assert got.tokens == want.tokens
+        assert got.dense is not None and want.dense is not None
+        np.testing.assert_array_equal(got.dense, want.dense)
+        assert got.sparse is not None and want.sparse is not None
+        np.testing.assert_array_equal(got.sparse.indices, want.sparse.indices)
+        np.testing.assert_array_equal(got.sparse.values, want.sparse.values)
+        np.testing.assert_array_equal(got.multivector, want.multivector)

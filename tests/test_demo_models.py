@@ -49,6 +49,29 @@ def test_the_demo_serves_visual_retrieval_offline_and_says_what_it_is(tmp_path: 
         assert served[name]["model"] == f"./{folder}" and served[name]["load"] == "lazy"
         assert (tmp_path / folder / "config.json").is_file()
     assert "RANDOM weights" in config_path.read_text()
+    # BGE-M3's outputs, offline too: built by demo.build (bge_m3.is_bge_m3 of what it writes)
+    assert served["demo-bge-m3"]["model"] == "./bge-m3" and served["demo-bge-m3"]["load"] == "lazy"
     assert classes.architectures(str(tmp_path / "pages"), None, False) == ["ColPaliForRetrieval"]
     again = demo_vision.build(tmp_path)  # kept: nothing rebuilt
     assert [p.stat().st_mtime for p in again] == [p.stat().st_mtime for p in made]
+
+
+def test_the_demo_builds_a_bge_m3_beside_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """demo.build writes the tiny BGE-M3 the config serves (the fine-tunings stubbed: their
+    own test is above), once."""
+    from openai_compat.engine import bge_m3
+
+    def made(base: str, out: Path) -> Path:
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        return out
+
+    monkeypatch.setattr(demo, "build_reranker", made)
+    monkeypatch.setattr(demo, "build_classifier", made)
+    demo.build(tmp_path, base="unused")
+    assert bge_m3.is_bge_m3(tmp_path / "bge-m3")
+    first = (tmp_path / "bge-m3" / "colbert_linear.pt").stat().st_mtime
+    demo.build(tmp_path, base="unused")
+    assert (tmp_path / "bge-m3" / "colbert_linear.pt").stat().st_mtime == first

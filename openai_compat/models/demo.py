@@ -222,6 +222,14 @@ load = "lazy"
 name = "demo-vl-reranker"
 model = "./vl-reranker"
 load = "lazy"
+
+# BGE-M3's three outputs, offline (docs/bge-m3.md): a tiny BGE-M3 with RANDOM weights and its
+# two heads; output_types on /v1/embeddings, score_mode on /v1/rerank. For meaning, serve
+# BAAI/bge-m3 (configs/bge-m3.toml).
+[[models]]
+name = "demo-bge-m3"
+model = "./bge-m3"
+load = "lazy"
 """
 
 
@@ -248,4 +256,8 @@ def build(folder: Path, base: str | None = None) -> Path:
     from openai_compat.models import demo_vision
 
     demo_vision.build(folder)
+    if not (folder / "bge-m3" / "colbert_linear.pt").is_file():  # written last
+        from openai_compat.models.demo_m3 import build_bge_m3
+
+        build_bge_m3(folder / "bge-m3")
     return write_config(folder)

@@ -25,6 +25,7 @@ ORDER = [
     "cache",
     "pages",
     "families",
+    "bge-m3",
     "tenants",
     "backends",
     "model-pool",
