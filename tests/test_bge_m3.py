@@ -170,3 +170,62 @@ def test_outputs_travel_between_ray_processes_whole(
         np.testing.assert_array_equal(got.sparse.indices, want.sparse.indices)
         np.testing.assert_array_equal(got.sparse.values, want.sparse.values)
         np.testing.assert_array_equal(got.multivector, want.multivector)
+
+
+def test_requests_asking_different_outputs_share_one_forward_pass(
+    folder: Path, ours: tuple[list[bge_m3.M3Output], Any], tmp_path: Path
+) -> None:
+    """The native engine: a dense request and a sparse + ColBERT one, queued while the forward
+    thread is held, run as one batch, and each gets what it asked (equal to the heads on the
+    library's own forward)."""
+    import asyncio
+    import threading
+
+    from openai_compat.engine import native
+    from openai_compat.frame.settings import ModelConfig
+
+    config = ModelConfig(model=str(folder), name="m", device="cpu", dtype="float32")
+    engine = native.load(config, 1, tmp_path)
+    assert engine.outputs() == bge_m3.OUTPUTS and engine.scheduler.lanes == 1
+    entered, release = threading.Event(), threading.Event()
+    batches: list[list[frozenset[str] | None]] = []
+    inner = engine.runner.run
+
+    def held(rows: Any) -> Any:
+        if not batches:
+            entered.set()
+            release.wait(10)
+        batches.append([r.outputs for r in rows])
+        return inner(rows)
+
+    engine.runner.run = held  # type: ignore[method-assign]
+    asked = frozenset({"sparse", "multivector"})
+
+    async def work() -> Any:
+        await engine.astart()
+        try:
+            first = asyncio.create_task(engine.embed(["a first text holds the thread"]))
+            await asyncio.to_thread(entered.wait, 10)
+            dense = asyncio.create_task(engine.embed([TEXTS[0]]))
+            both = asyncio.create_task(engine.embed(TEXTS[1:3], outputs=asked))
+            for _ in range(500):  # both queued behind the held batch
+                if engine.scheduler.waiting() == 3:
+                    break
+                await asyncio.sleep(0.01)
+            release.set()
+            return await asyncio.gather(first, dense, both)
+        finally:
+            await engine.astop()
+
+    _, (dense, _), (outputs, tokens) = asyncio.run(work())
+    assert len(batches) == 2  # the held one, then one batch of the three rows
+    assert sorted(batches[1], key=str) == sorted([None, asked, asked], key=str)
+    made, library_dense = ours
+    np.testing.assert_allclose(dense[0], library_dense[0], atol=1e-6)
+    for got, want in zip(outputs, made[1:3], strict=True):
+        assert got.dense is None and got.sparse is not None and got.multivector is not None
+        assert want.sparse is not None
+        np.testing.assert_array_equal(got.sparse.indices, want.sparse.indices)
+        np.testing.assert_allclose(got.sparse.values, want.sparse.values, atol=1e-6)
+        np.testing.assert_allclose(got.multivector, want.multivector, atol=1e-6)
+    assert tokens == 6 + 8

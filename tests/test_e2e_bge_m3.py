@@ -33,6 +33,7 @@ QUERY = "what is the capital of france"
 DOCS = ["paris is the capital of france", "the stock market crashed", "a man eating bread"]
 WEIGHTS = [1.0, 0.5, 0.0]  # the second model's hybrid_weights: dense and sparse alone
 TOKENS = 12 + 6 + 8 + 5  # <s> ... </s> of each text
+OUTPUTS = ("dense", "sparse", "multivector")
 
 
 @pytest.fixture(scope="module")
@@ -275,4 +276,18 @@ def test_what_cannot_be_answered_is_a_400_naming_its_field(
     assert ok.status_code == 200, ok.text
 
 
-OUTPUTS = ("dense", "sparse", "multivector")
+def test_the_other_dialects_answer_the_dense_vectors(
+    srv: RemoteServer, reference: dict[str, Any]
+) -> None:
+    """Cohere's, Ollama's and TEI's /embed give BGE-M3's dense vectors, FlagEmbedding's."""
+    want = reference["dense"][:2]
+    body = {"model": "bge-m3", "texts": TEXTS[:2], "input_type": "search_document"}
+    cohere = _post(srv, "/v2/embed", body | {"embedding_types": ["float"]})
+    assert cohere.status_code == 200, cohere.text
+    np.testing.assert_allclose(cohere.json()["embeddings"]["float"], want, atol=1e-5)
+    ollama = _post(srv, "/api/embed", {"model": "bge-m3", "input": TEXTS[:2]})
+    assert ollama.status_code == 200, ollama.text
+    np.testing.assert_allclose(ollama.json()["embeddings"], want, atol=1e-5)
+    tei = _post(srv, "/embed", {"inputs": TEXTS[:2]})  # the default embedder: the first
+    assert tei.status_code == 200, tei.text
+    np.testing.assert_allclose(tei.json(), want, atol=1e-5)
