@@ -229,3 +229,43 @@ def test_requests_asking_different_outputs_share_one_forward_pass(
         np.testing.assert_allclose(got.sparse.values, want.sparse.values, atol=1e-6)
         np.testing.assert_allclose(got.multivector, want.multivector, atol=1e-6)
     assert tokens == 6 + 8
+
+
+def test_the_dtype_check_judges_all_three_outputs(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dtype = "auto" on a bf16 CPU: a BGE-M3 model is kept in bfloat16 only where its dense,
+    sparse and ColBERT outputs each rank as in float32 on the probe set."""
+    import dataclasses
+
+    from openai_compat.engine import native, precision, probes
+    from openai_compat.formats.sparse import SparseVector
+    from openai_compat.frame.settings import ModelConfig
+
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    engine = native.load(ModelConfig(model=str(folder), name="m", device="cpu"), 1, tmp_path)
+    verdict = engine.precision()
+    assert verdict is not None and verdict["dtype"] == "bfloat16"
+    check = verdict["check"]
+    assert set(check["outputs"]) == {"dense", "sparse", "multivector"}
+    assert check["passed"] and check["probes"] == len(probes.QUERIES) + len(probes.PASSAGES)
+    assert check["min_cosine"] == min(p["min_cosine"] for p in check["outputs"].values())
+    assert str(next(engine.model[0].parameters()).dtype) == "torch.bfloat16"
+
+    # the same readings, the lexical weights' order reversed: the sparse part alone fails
+    heads = engine.runner.m3
+    assert heads is not None
+    engine.model[0] = engine.model[0].float()
+    want = bge_m3.probe(engine.model, heads)
+    shuffled = [
+        dataclasses.replace(
+            o, sparse=SparseVector(o.sparse.indices, o.sparse.values[::-1].copy(), o.tokens)
+        )
+        if o.sparse is not None
+        else o
+        for o in want
+    ]
+    failed = bge_m3.judge(want, shuffled)
+    assert not failed["passed"]
+    assert [k for k, p in failed["outputs"].items() if not p["passed"]] == ["sparse"]
+    assert bge_m3.judge(want, want)["passed"]

@@ -234,3 +234,85 @@ def hybrid_score(
         colbert_score(query.multivector, doc.multivector),
     )
     return float(sum(w * s for w, s in zip(weights, parts, strict=True)) / sum(weights))
+
+
+# ---------------------------------------------------------------- the dtype check's reading
+
+
+def probe(model: Any, heads: M3Heads) -> list[M3Output]:
+    """The probe set's three outputs (engine/probes.py) through the library's forward and the
+    heads: what the dtype check (engine/precision.py) compares between float32 and a lower
+    precision for a BGE-M3 model."""
+    import torch
+
+    from openai_compat.engine import precision, probes
+
+    texts = probes.QUERIES + probes.PASSAGES
+    made: list[M3Output] = []
+    step = precision.PROBE_BATCH
+    for start in range(0, len(texts), step):
+        chunk = texts[start : start + step]
+        features = {
+            k: v.to(model.device) if hasattr(v, "to") else v
+            for k, v in model.preprocess(chunk).items()
+        }
+        with torch.inference_mode():
+            out = model(dict(features))
+        asked = [frozenset(OUTPUTS)] * len(chunk)
+        ids, mask = features["input_ids"], features["attention_mask"]
+        made += heads.outputs(out["token_embeddings"], mask, ids, asked)
+    return made
+
+
+def judge(want: Sequence[M3Output], got: Sequence[M3Output]) -> dict[str, Any]:
+    """Each output judged by its own measure (dense: the queries' top-10 neighbours; sparse:
+    each text's top 16 terms; ColBERT: the queries' top 10 by MaxSim, and each text's token
+    vectors' least cosine); it passes where all three do, its figures the least of them."""
+    from openai_compat.engine import precision, probes
+
+    n = len(probes.QUERIES)
+    parts: dict[str, dict[str, Any]] = {}
+    parts["dense"] = precision.judge(_rows(want, "dense"), _rows(got, "dense"), "embedder")
+    ids = sorted({int(i) for o in (*want, *got) if o.sparse is not None for i in o.sparse.indices})
+    parts["sparse"] = precision.judge(_terms(want, ids), _terms(got, ids), "sparse")
+
+    def maxsim(outs: Sequence[M3Output]) -> np.ndarray:
+        vectors = [np.zeros((0, 1)) if o.multivector is None else o.multivector for o in outs]
+        return np.array([[colbert_score(q, d) for d in vectors[n:]] for q in vectors[:n]])
+
+    cosines = [
+        float(np.min(np.sum(_unit(w.multivector) * _unit(g.multivector), axis=1)))
+        for w, g in zip(want, got, strict=True)
+        if w.multivector is not None and g.multivector is not None and len(w.multivector)
+    ]
+    agreement = precision.top_agreement(maxsim(want), maxsim(got))
+    parts["multivector"] = {
+        "min_cosine": round(min(cosines, default=1.0), 5),
+        "agreement": round(agreement, 5),
+        "measure": f"top-{precision.TOP} MaxSim neighbour agreement",
+        "passed": min(cosines, default=1.0) >= precision.MIN_COSINE
+        and agreement >= precision.MIN_AGREEMENT,
+    }
+    return {
+        "min_cosine": min(p["min_cosine"] for p in parts.values()),
+        "agreement": min(p["agreement"] for p in parts.values()),
+        "measure": "the least of the dense, sparse and ColBERT outputs' agreements",
+        "probes": len(want),
+        "passed": all(p["passed"] for p in parts.values()),
+        "outputs": parts,
+    }
+
+
+def _rows(outs: Sequence[M3Output], part: str) -> np.ndarray:
+    return np.stack([np.asarray(getattr(o, part), dtype=np.float64) for o in outs])
+
+
+def _terms(outs: Sequence[M3Output], ids: list[int]) -> np.ndarray:
+    """The lexical weights as rows over the ids either reading gave."""
+    column = {i: k for k, i in enumerate(ids)}
+    matrix = np.zeros((len(outs), max(1, len(ids))))
+    for row, o in enumerate(outs):
+        if o.sparse is not None:
+            for i, v in zip(o.sparse.indices, o.sparse.values, strict=True):
+                matrix[row, column[int(i)]] = v
+    return matrix

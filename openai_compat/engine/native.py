@@ -345,7 +345,10 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
     from openai_compat.frame.settings import default_export_dir
 
     export_dir = export_dir or default_export_dir()
-    verdict = precision.decide(model, config, kind, multivector, export_dir)  # logs it
+    heads = None  # BGE-M3's sparse and ColBERT heads (an export runs the dense path alone)
+    if kind == "embedder" and not multivector and config.backend == "torch":
+        heads = bge_m3.heads_of(model, source, config.revision)
+    verdict = precision.decide(model, config, kind, multivector, export_dir, heads)  # logs it
     if config.backend != "torch":
         if kind != "embedder" or multivector:
             raise ValueError(
@@ -367,8 +370,7 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
         exported=exported,
         modes=type(model).__name__ == "MultiVectorEncoder",
     )
-    if kind == "embedder" and not multivector and exported is None:
-        runner.m3 = bge_m3.heads_of(model, source, config.revision)
+    runner.m3 = heads
     engine = NativeEngine(
         runner,
         name=config.served_name,

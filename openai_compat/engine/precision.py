@@ -298,16 +298,31 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def decide(model: Any, config: Any, kind: str, multivector: bool, cache_dir: Path) -> Verdict:
-    """The dtype the model runs in, applied and logged (see _decide)."""
-    verdict = _decide(model, config, kind, multivector, cache_dir)
+def _reader(kind: str, heads: Any) -> tuple[Any, Any]:
+    """How the check reads a model's outputs on the probe set, and judges two readings: a
+    BGE-M3 model's three outputs (bge_m3.probe, bge_m3.judge), else its kind's (_outputs)."""
+    if heads is not None:
+        from openai_compat.engine import bge_m3
+
+        return (lambda model: bge_m3.probe(model, heads)), bge_m3.judge
+    return (lambda model: _outputs(model, kind)), (lambda want, got: judge(want, got, kind))
+
+
+def decide(
+    model: Any, config: Any, kind: str, multivector: bool, cache_dir: Path, heads: Any = None
+) -> Verdict:
+    """The dtype the model runs in, applied and logged (see _decide). `heads`: a BGE-M3
+    model's (bge_m3.M3Heads), whose three outputs the check judges."""
+    verdict = _decide(model, config, kind, multivector, cache_dir, heads)
     logger.info(
         "model %r: %s on %s (%s)", config.served_name, verdict.dtype, verdict.device, verdict.reason
     )
     return verdict
 
 
-def _decide(model: Any, config: Any, kind: str, multivector: bool, cache_dir: Path) -> Verdict:
+def _decide(
+    model: Any, config: Any, kind: str, multivector: bool, cache_dir: Path, heads: Any
+) -> Verdict:
     """Run the policy on a model the library loaded in float32 (for dtype = "auto"): keep it,
     or put its transformer in the candidate dtype where the check (or its cached verdict)
     passes. Blocking (the check runs the probe set twice). An export's runtime runs float32."""
@@ -327,7 +342,9 @@ def _decide(model: Any, config: Any, kind: str, multivector: bool, cache_dir: Pa
     if not config.dtype_check:
         model[0] = lowered(model, dtype)
         return Verdict(dtype, device, f"{why}; not checked (dtype_check = false)")
-    path = cache_dir / "dtype-checks" / f"{cache_key(config, device, dtype, kind)}.json"
+    read, judged = _reader(kind, heads)
+    key = cache_key(config, device, dtype, "bge-m3" if heads is not None else kind)
+    path = cache_dir / "dtype-checks" / f"{key}.json"
     check = _read(path)
     full = model[0]
     if check is not None:
@@ -336,9 +353,9 @@ def _decide(model: Any, config: Any, kind: str, multivector: bool, cache_dir: Pa
             model[0] = lowered(model, dtype)
     else:
         started = time.perf_counter()
-        reference = _outputs(model, kind)
+        reference = read(model)
         model[0] = lowered(model, dtype)
-        check = judge(reference, _outputs(model, kind), kind)
+        check = judged(reference, read(model))
         check["seconds"] = round(time.perf_counter() - started, 2)
         if not check["passed"]:
             model[0] = full
