@@ -65,6 +65,40 @@ async def test_a_cache_that_no_longer_fits_the_model_is_measured_again(
     assert np.load(calibration_file(config, cache)).max() <= 0.5 + 1e-6  # rewritten
 
 
+async def test_a_half_precision_model_reads_its_cache_back(
+    config: ModelConfig, tmp_path: Path
+) -> None:
+    """bfloat16 moves the first text's vector ~0.6% between its batch and alone: still the
+    cache (1e-4 measured it again at every start), while a changed model is not."""
+    cache = tmp_path / "cache"
+
+    class Half(Engine):
+        def __init__(self, scale: float = 1.0, jitter: float = 0.0) -> None:
+            super().__init__(scale)
+            self.jitter = jitter
+
+        def precision(self) -> dict[str, Any]:
+            return {"dtype": "bfloat16", "device": "cpu"}
+
+        async def embed(self, texts: list[str]) -> tuple[list[Any], int]:
+            out, n = await super().embed(texts)
+            return [v * (1 + self.jitter) for v in out] if len(texts) == 1 else out, n
+
+    await calibrate(Half(), config, cache)
+    moved = Half(jitter=0.006)
+    assert (await calibrate(moved, config, cache)).from_cache and moved.calls == [1]
+    changed = Half(scale=0.5)
+    assert not (await calibrate(changed, config, cache)).from_cache
+
+    class Full(Half):  # float32: to 1e-4 still
+        def precision(self) -> dict[str, Any]:
+            return {"dtype": "float32", "device": "cpu"}
+
+    await calibrate(Full(), config, tmp_path / "fp32")
+    assert (await calibrate(Full(), config, tmp_path / "fp32")).from_cache
+    assert not (await calibrate(Full(jitter=0.006), config, tmp_path / "fp32")).from_cache
+
+
 async def test_the_key_follows_the_model_files_and_options(
     config: ModelConfig, tmp_path: Path
 ) -> None:
