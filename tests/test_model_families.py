@@ -65,6 +65,7 @@ class Entry:
 
     cosine_rerank = False
     sparse = False
+    outputs = ()  # not BGE-M3
 
 
 def cls(folder: Path, name: str) -> Any:

@@ -143,6 +143,10 @@ EFFECTS: dict[str, tuple[str, str]] = {
         "tests/test_model_families.py",
         "test_every_family_answers_its_routes_from_its_folder_alone",
     ),
+    "hybrid_weights": (  # BGE-M3's rerank: the second model's weights equal compute_score's
+        "tests/test_e2e_bge_m3.py",
+        "test_rerank_scores_as_compute_score_does",
+    ),
     "quantization_range": (
         "tests/test_e2e_prompts_cohere.py",
         "test_models_list_prompts_and_int8_ranges",

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from openai_compat.engine import precision, probes
 from openai_compat.formats.sparse import SparseVector
 
 HEAD_FILES = ("sparse_linear.pt", "colbert_linear.pt")
@@ -239,13 +240,25 @@ def hybrid_score(
 # ---------------------------------------------------------------- the dtype check's reading
 
 
+@dataclass(frozen=True)
+class CheckReading:
+    """How the dtype check (precision.decide) reads and judges a BGE-M3 model."""
+
+    heads: M3Heads
+    kind: str = "bge-m3"  # its verdicts' own cache key
+
+    def read(self, model: Any) -> list[M3Output]:
+        return probe(model, self.heads)
+
+    def judge(self, want: Sequence[M3Output], got: Sequence[M3Output]) -> dict[str, Any]:
+        return judge(want, got)
+
+
 def probe(model: Any, heads: M3Heads) -> list[M3Output]:
     """The probe set's three outputs (engine/probes.py) through the library's forward and the
     heads: what the dtype check (engine/precision.py) compares between float32 and a lower
     precision for a BGE-M3 model."""
     import torch
-
-    from openai_compat.engine import precision, probes
 
     texts = probes.QUERIES + probes.PASSAGES
     made: list[M3Output] = []
@@ -268,8 +281,6 @@ def judge(want: Sequence[M3Output], got: Sequence[M3Output]) -> dict[str, Any]:
     """Each output judged by its own measure (dense: the queries' top-10 neighbours; sparse:
     each text's top 16 terms; ColBERT: the queries' top 10 by MaxSim, and each text's token
     vectors' least cosine); it passes where all three do, its figures the least of them."""
-    from openai_compat.engine import precision, probes
-
     n = len(probes.QUERIES)
     parts: dict[str, dict[str, Any]] = {}
     parts["dense"] = precision.judge(_rows(want, "dense"), _rows(got, "dense"), "embedder")

@@ -348,7 +348,8 @@ def load(config: Any, threads: int, export_dir: Path | None = None) -> NativeEng
     heads = None  # BGE-M3's sparse and ColBERT heads (an export runs the dense path alone)
     if kind == "embedder" and not multivector and config.backend == "torch":
         heads = bge_m3.heads_of(model, source, config.revision)
-    verdict = precision.decide(model, config, kind, multivector, export_dir, heads)  # logs it
+    reading = bge_m3.CheckReading(heads) if heads is not None else None
+    verdict = precision.decide(model, config, kind, multivector, export_dir, reading)  # logs it
     if config.backend != "torch":
         if kind != "embedder" or multivector:
             raise ValueError(

@@ -298,22 +298,22 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _reader(kind: str, heads: Any) -> tuple[Any, Any]:
-    """How the check reads a model's outputs on the probe set, and judges two readings: a
-    BGE-M3 model's three outputs (bge_m3.probe, bge_m3.judge), else its kind's (_outputs)."""
-    if heads is not None:
-        from openai_compat.engine import bge_m3
-
-        return (lambda model: bge_m3.probe(model, heads)), bge_m3.judge
+def _reader(kind: str, reading: Any) -> tuple[Any, Any]:
+    """How the check reads a model's outputs on the probe set, and judges two readings: the
+    model's own `reading` (read, judge: BGE-M3's three outputs, bge_m3.CheckReading), else its
+    kind's (_outputs, judge)."""
+    if reading is not None:
+        return reading.read, reading.judge
     return (lambda model: _outputs(model, kind)), (lambda want, got: judge(want, got, kind))
 
 
 def decide(
-    model: Any, config: Any, kind: str, multivector: bool, cache_dir: Path, heads: Any = None
+    model: Any, config: Any, kind: str, multivector: bool, cache_dir: Path, reading: Any = None
 ) -> Verdict:
-    """The dtype the model runs in, applied and logged (see _decide). `heads`: a BGE-M3
-    model's (bge_m3.M3Heads), whose three outputs the check judges."""
-    verdict = _decide(model, config, kind, multivector, cache_dir, heads)
+    """The dtype the model runs in, applied and logged (see _decide). `reading`: how a model
+    with outputs of its own is read and judged (`read(model)`, `judge(want, got)`, `kind`:
+    bge_m3.CheckReading), else by its kind."""
+    verdict = _decide(model, config, kind, multivector, cache_dir, reading)
     logger.info(
         "model %r: %s on %s (%s)", config.served_name, verdict.dtype, verdict.device, verdict.reason
     )
@@ -321,7 +321,7 @@ def decide(
 
 
 def _decide(
-    model: Any, config: Any, kind: str, multivector: bool, cache_dir: Path, heads: Any
+    model: Any, config: Any, kind: str, multivector: bool, cache_dir: Path, reading: Any
 ) -> Verdict:
     """Run the policy on a model the library loaded in float32 (for dtype = "auto"): keep it,
     or put its transformer in the candidate dtype where the check (or its cached verdict)
@@ -342,8 +342,8 @@ def _decide(
     if not config.dtype_check:
         model[0] = lowered(model, dtype)
         return Verdict(dtype, device, f"{why}; not checked (dtype_check = false)")
-    read, judged = _reader(kind, heads)
-    key = cache_key(config, device, dtype, "bge-m3" if heads is not None else kind)
+    read, judged = _reader(kind, reading)
+    key = cache_key(config, device, dtype, reading.kind if reading is not None else kind)
     path = cache_dir / "dtype-checks" / f"{key}.json"
     check = _read(path)
     full = model[0]
