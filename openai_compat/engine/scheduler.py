@@ -84,7 +84,9 @@ MAX_PASSES = 4
 LOADED_S = 0.5
 # An idle model does not give its freed heap back (glibc's malloc_trim, tried 2026-12-05): the
 # next batches fault those pages in again, and one-input requests in the second after a 2.5 s
-# pause ran at p50 15.1-15.4 ms against 12.4 without it (docs/benchmarks.md).
+# pause ran at p50 15.1-15.4 ms against 12.4 without it (docs/benchmarks.md). Nor would it
+# lower the memory after a loaded run (tried 2026-12-07, a trim each time the queue emptied:
+# MiniLM at 16 x 32 in flight, 676 MiB after the run with it and without).
 
 
 class Runner(Protocol):
