@@ -17,9 +17,9 @@ from pydantic import BaseModel
 from openai_compat.formats.media import MediaFetcher
 from openai_compat.frame.settings import Settings
 from openai_compat.ground.bodies import BodyParser, Chooser
-from openai_compat.ground.errors import BadRequest, ServiceUnavailable
+from openai_compat.ground.errors import ServiceUnavailable
 from openai_compat.ground.lifecycle import Lifecycle
-from openai_compat.models.registry import ModelEntry, Registry
+from openai_compat.models.registry import Registry
 from openai_compat.models.slots import set_keep_alive
 
 M = TypeVar("M", bound=BaseModel)
@@ -76,20 +76,6 @@ def path_openapi(name: str, description: str) -> dict[str, Any]:
     schema = {"type": "string"}
     param = {"name": name, "in": "path", "required": True, "schema": schema}
     return {"parameters": [{**param, "description": description}]}
-
-
-async def dense_embedder(registry: Registry, name: str, holds: str) -> ModelEntry:
-    """The embedding model `name`, for a dialect whose answer (`holds`: what it holds, in
-    its words) has one dense vector per input: a multi-vector or sparse model is a 400."""
-    entry = await registry.require(name, "embed")
-    if entry.multivector or entry.sparse:
-        kind = "one vector per token" if entry.multivector else "sparse vectors"
-        raise BadRequest(
-            f"Model {name!r} gives {kind}; {holds}. Use /v1/embeddings.",
-            param="model",
-            code="model_not_supported",
-        )
-    return entry
 
 
 def note(request: Request, model: str, inputs: int, tokens: int) -> None:

@@ -133,6 +133,19 @@ class Registry:
         """The model for `name`, which must be able to do `capability` (else 400)."""
         return self.check(await self.resolve(name), name, capability)
 
+    async def require_dense(self, name: str, holds: str) -> ModelEntry:
+        """The embedding model `name`, for a dialect whose answer (`holds`: what it holds, in
+        its words) has one dense vector per input: a multi-vector or sparse model is a 400."""
+        entry = await self.require(name, "embed")
+        if entry.multivector or entry.sparse:
+            kind = "one vector per token" if entry.multivector else "sparse vectors"
+            raise BadRequest(
+                f"Model {name!r} gives {kind}; {holds}. Use /v1/embeddings.",
+                param="model",
+                code="model_not_supported",
+            )
+        return entry
+
     def check(self, entry: ModelEntry, name: str, capability: Capability) -> ModelEntry:
         if capability not in entry.capabilities:
             can = ", ".join(sorted(entry.capabilities)) or "nothing"

@@ -22,7 +22,6 @@ from openai_compat.api.gemini.protocol import (
 )
 from openai_compat.api.request import (
     body_openapi,
-    dense_embedder,
     note,
     path_openapi,
     read_body,
@@ -112,13 +111,13 @@ async def call_model(request: Request) -> Response:
     if method == "embedContent":
         one = await read_body(request, EmbedContentRequest)
         _same_model(one.model, name, "model")
-        entry = await dense_embedder(ready_registry(request), name, _HOLDS)
+        entry = await ready_registry(request).require_dense(name, _HOLDS)
         (vector,) = await _embed(request, entry, [one])
         return orjson_response({"embedding": _values(vector)})
     body = await read_body(request, BatchEmbedContentsRequest)
     for i, req in enumerate(body.requests):
         _same_model(req.model, name, f"requests[{i}].model")
-    entry = await dense_embedder(ready_registry(request), name, _HOLDS)
+    entry = await ready_registry(request).require_dense(name, _HOLDS)
     vectors = await _embed(request, entry, body.requests)
     return orjson_response({"embeddings": [_values(v) for v in vectors]})
 

@@ -31,6 +31,13 @@ from openai_compat.formats.sparse import SparseVector, embedding_object
 from openai_compat.ground.errors import BadRequest
 from openai_compat.models.registry import ModelEntry
 
+# a single type's names for its part: its usual wire form
+_SINGLE = {
+    "sparse_embedding": "embedding",
+    "multivector": "embedding",
+    "multivector_shape": "shape",
+}
+
 
 def asked_outputs(entry: ModelEntry, given: Sequence[str] | None) -> frozenset[str] | None:
     """What the request asks of the model's forward: None for its usual answer (no
@@ -72,24 +79,16 @@ def answer(
         dense = encode_rows(finite(matrix), fmt)  # type: ignore[arg-type]
     data = []
     for i, v in enumerate(vectors):
-        item: dict[str, Any] = {"object": "embedding", "index": i}
-        sparse = _sparse(v.sparse, i, fmt, top_k, min_weight, token_of) if v.sparse else None
-        many = _many(v.multivector, fmt) if v.multivector is not None else None
-        if len(asked) == 1:  # that type's usual form
-            if dense is not None:
-                item["embedding"] = dense[i]
-            elif sparse is not None:
-                item["embedding"] = sparse
-            elif many is not None:
-                item["embedding"], item["shape"] = many["vectors"], many["shape"]
-        else:
-            if dense is not None:
-                item["embedding"] = dense[i]
-            if sparse is not None:
-                item["sparse_embedding"] = sparse
-            if many is not None:
-                item["multivector"], item["multivector_shape"] = many["vectors"], many["shape"]
-        data.append(item)
+        parts: dict[str, Any] = {}  # the several-output names; one type takes `embedding`
+        if dense is not None:
+            parts["embedding"] = dense[i]
+        if v.sparse is not None:
+            parts["sparse_embedding"] = _sparse(v.sparse, i, fmt, top_k, min_weight, token_of)
+        if v.multivector is not None:
+            parts["multivector"], parts["multivector_shape"] = _many(v.multivector, fmt)
+        if len(asked) == 1:  # that type's usual form: `embedding` (and `shape`)
+            parts = {_SINGLE.get(k, k): value for k, value in parts.items()}
+        data.append({"object": "embedding", "index": i, **parts})
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
     answer = {"id": response_id(), "object": "list", "data": data, "model": model}
     return orjson_response({**answer, "usage": usage})
@@ -108,6 +107,6 @@ def _sparse(
     return body
 
 
-def _many(matrix: np.ndarray, fmt: str) -> dict[str, Any]:
+def _many(matrix: np.ndarray, fmt: str) -> tuple[Any, list[int]]:
     vectors = np.ascontiguousarray(matrix, dtype="<f4")
-    return {"vectors": encode_multivector(vectors, fmt), "shape": list(vectors.shape)}  # type: ignore[arg-type]
+    return encode_multivector(vectors, fmt), list(vectors.shape)  # type: ignore[arg-type]

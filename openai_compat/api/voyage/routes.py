@@ -12,7 +12,6 @@ from openai_compat.api.items import item_plan
 from openai_compat.api.protocol import ContentItem
 from openai_compat.api.request import (
     body_openapi,
-    dense_embedder,
     media_of,
     note,
     read_body,
@@ -67,7 +66,7 @@ async def embeddings(request: Request) -> Response:
     output_dtype and base64 as its SDK asks for them."""
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, EmbedRequest)
-    entry = await dense_embedder(registry, body.model, _HOLDS)
+    entry = await registry.require_dense(body.model, _HOLDS)
     plan = EmbedPlan(
         texts=body.input,
         input_type=body.input_type,
@@ -95,7 +94,7 @@ async def contextualized(request: Request) -> Response:
     document's vector is the plain embedding of its text."""
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, ContextualizedRequest)
-    entry = await dense_embedder(registry, body.model, _HOLDS)
+    entry = await registry.require_dense(body.model, _HOLDS)
     texts, spans = [], []
     for i, chunks in enumerate(body.inputs):
         if not chunks:
@@ -168,7 +167,7 @@ async def multimodal(request: Request) -> Response:
     registry, settings = ready_registry(request), settings_of(request)
     body = await read_body(request, MultimodalRequest)
     check_count(len(body.inputs), settings.max_inputs_per_request, "inputs")
-    entry = await dense_embedder(registry, body.model, _HOLDS)
+    entry = await registry.require_dense(body.model, _HOLDS)
     items = []
     for i, given in enumerate(body.inputs):
         texts = [p.text for p in given.content if p.type == "text"]

@@ -45,9 +45,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchkit.load import _WORDS, closed_loop, new_texts  # noqa: E402
 from benchkit.record import Figure  # noqa: E402
-from benchkit.scenarios.families import library_run  # noqa: E402
+from benchkit.scenarios.families import library_run, serve  # noqa: E402
 from benchkit.scenarios.shared_cpu import ready  # noqa: E402
-from benchkit.systems import free_port  # noqa: E402
 
 IN_FLIGHT, PER_REQUEST = 8, 16
 SECONDS = float(os.environ.get("BENCH_SECONDS", "20"))  # a smoke run sets it lower
@@ -121,17 +120,6 @@ def build(work: Path) -> Path:
     return build_bge_m3(work / "bge-m3", shape=REAL, words=list(_WORDS))
 
 
-def serve(folder: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
-    config = work / "bge-m3.toml"
-    config.write_text(f'[[models]]\nname = "bge-m3"\nmodel = "{folder}"\ndtype = "float32"\n')
-    port = free_port()
-    command = [sys.executable, "-m", "openai_compat", "serve", "--config", str(config)]
-    command += ["--port", str(port), "--cache-bytes", "0", "--log-level", "warning"]
-    command += ["--no-access-log"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1"}
-    return subprocess.Popen(command, env=env, start_new_session=True), f"http://127.0.0.1:{port}"
-
-
 async def drive(url: str, reading: str, seed: int) -> float:
     """Requests per second over SECONDS after WARMUP, IN_FLIGHT clients, every text new."""
     rng, serial = random.Random(seed), [seed * 1_000_000]
@@ -149,7 +137,7 @@ async def drive(url: str, reading: str, seed: int) -> float:
 
 
 def ours(folder: Path, work: Path, order: list[str], seed: int) -> dict[str, float]:
-    proc, url = serve(folder, work)
+    proc, url = serve("bge-m3", folder, work, 'dtype = "float32"\n')
     try:
         asyncio.run(ready(url))
         return {reading: asyncio.run(drive(url, reading, seed)) for reading in order}

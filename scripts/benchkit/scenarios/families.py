@@ -56,9 +56,13 @@ FAMILIES = {
 QUERY = "what is the capital of france"
 
 
-def serve(name: str, folder: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
+def serve(
+    name: str, folder: Path, work: Path, extra: str = ""
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Our server on the folder alone (`extra`: more of its [[models]] lines), the exact
+    cache off; its process and URL."""
     config = work / f"{name}.toml"
-    config.write_text(f'[[models]]\nname = "{name}"\nmodel = "{folder}"\n')
+    config.write_text(f'[[models]]\nname = "{name}"\nmodel = "{folder}"\n{extra}')
     port = free_port()
     command = [sys.executable, "-m", "openai_compat", "serve", "--config", str(config)]
     command += ["--port", str(port), "--cache-bytes", "0", "--log-level", "warning"]
